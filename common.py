@@ -1,0 +1,1164 @@
+"""common.py: everything the four methods share, and nothing method-specific.
+
+Here, bottom-up: a WordPiece tokenizer identical to BERT's, a compact BERT (+ MLM head) that loads real
+Hugging Face checkpoints, checkpoint read/write (safetensors parsed here), model/data resolution and download,
+STS evaluation identical to the papers' SentEval path, and the pieces of the training loop.
+Not here: heads, views, losses or anything else that belongs to one method (those live in the *_min.py files).
+
+    tok = Tokenizer.from_pretrained("bert-base-uncased")
+    model = Bert.from_pretrained("bert-base-uncased")
+    ids, mask = tok(["a man is playing a guitar .", "a woman is slicing an onion ."])   # [2, L] each
+    cls = model(ids, mask)[:, 0]                                                          # [2, 768]
+
+Command line: `python common.py --help` (eval, download).
+"""
+import argparse
+import collections
+import contextlib
+import copy
+import dataclasses
+import hashlib
+import inspect
+import json
+import math
+import multiprocessing
+import os
+import random
+import re
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+import unicodedata
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import scipy.stats
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class UserError(Exception):
+    """A problem with the user's input, reported as one line (no traceback) by the command-line tools."""
+
+
+class CheckpointError(UserError):
+    """A model folder or checkpoint file that cannot be loaded as it is."""
+
+
+# --- WordPiece tokenizer (BERT's BasicTokenizer + WordpieceTokenizer, encode-only) ---------------------------
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+_SPECIAL_SPLIT = re.compile("(" + "|".join(re.escape(s) for s in SPECIAL_TOKENS) + ")")
+_ASCII_CLEAN = {c: None for c in range(32) if chr(c) not in "\t\n\r"} | {127: None, 9: " ", 10: " ", 13: " "}
+_CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
+               (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))  # [HF BasicTokenizer]
+
+
+def _char_kind(ch):
+    """'drop' (NUL, U+FFFD, control/format), 'space', 'cjk' or '' for one character, as BERT's cleaning sees it."""
+    if ch in "\t\n\r " or unicodedata.category(ch) == "Zs":
+        return "space"
+    if ch in "\x00\ufffd" or unicodedata.category(ch).startswith("C"):
+        return "drop"
+    return "cjk" if any(lo <= ord(ch) <= hi for lo, hi in _CJK_RANGES) else ""
+
+
+def _is_punctuation(ch):
+    """ASCII symbols count as punctuation too ('$', '^', '`'), as in BERT."""
+    cp = ord(ch)
+    return 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126 or \
+        unicodedata.category(ch).startswith("P")
+
+
+def basic_clean(text):
+    """Drop control characters, turn whitespace into spaces, put spaces around CJK characters, NFC-normalise."""
+    if text.isascii():
+        return text.translate(_ASCII_CLEAN)
+    out = []
+    for ch in text:
+        kind = _char_kind(ch)
+        out.append("" if kind == "drop" else " " if kind == "space" else f" {ch} " if kind == "cjk" else ch)
+    return unicodedata.normalize("NFC", "".join(out))  # [HF BasicTokenizer, transformers >= 4.3x]
+
+
+def split_punctuation(word):
+    """'e-mail!' -> ['e', '-', 'mail', '!']: every punctuation character becomes a word of its own."""
+    pieces, current = [], ""
+    for ch in word:
+        if _is_punctuation(ch):
+            pieces += [current, ch] if current else [ch]
+            current = ""
+        else:
+            current += ch
+    return pieces + [current] if current else pieces
+
+
+class Tokenizer:
+    """BERT's WordPiece: clean, split on whitespace and punctuation, then greedy longest-match sub-words with '##'.
+
+    Words are cached (a Wikipedia corpus repeats most of its words), which makes the pure-Python loop fast.
+    """
+    max_word_chars = 100  # longer words become [UNK] [HF WordpieceTokenizer]
+
+    def __init__(self, vocab, do_lower_case=True, strip_accents=None):
+        self.vocab = vocab  # token -> id
+        self.lower = do_lower_case
+        self.strip_accents = do_lower_case if strip_accents is None else strip_accents  # [HF default]
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (vocab[t] for t in SPECIAL_TOKENS)
+        self._cache = {}
+
+    @classmethod
+    def from_pretrained(cls, name_or_dir):
+        folder = resolve_model(name_or_dir)
+        vocab = {}
+        for i, line in enumerate((folder / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]):
+            vocab[line.rstrip("\r")] = i
+        config_path = folder / "tokenizer_config.json"
+        config = json.loads(config_path.read_text()) if config_path.exists() else {}
+        missing = [t for t in SPECIAL_TOKENS if t not in vocab]
+        if missing:
+            raise CheckpointError(f"{folder}/vocab.txt lacks the special tokens {missing}: not a BERT vocabulary")
+        return cls(vocab, config.get("do_lower_case", True), config.get("strip_accents"))
+
+    def encode_word(self, word):
+        """One whitespace-delimited word -> sub-word ids (cached)."""
+        ids = self._cache.get(word)
+        if ids is None:
+            ids = []
+            text = word.lower() if self.lower else word
+            if self.strip_accents and not text.isascii():
+                text = "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
+            for piece in split_punctuation(text):
+                ids += self.wordpiece(piece)
+            if len(self._cache) < 2_000_000:
+                self._cache[word] = ids
+        return ids
+
+    def wordpiece(self, piece):
+        if len(piece) > self.max_word_chars:
+            return [self.unk_id]
+        ids, start = [], 0
+        while start < len(piece):
+            for end in range(len(piece), start, -1):  # longest match first
+                sub = piece[start:end] if start == 0 else "##" + piece[start:end]
+                if sub in self.vocab:
+                    ids.append(self.vocab[sub])
+                    break
+            else:
+                return [self.unk_id]  # one unknown stretch makes the whole word [UNK], as in BERT
+            start = end
+        return ids
+
+    def encode(self, text, max_len=None):
+        """text -> [CLS] ids [SEP], truncated to max_len tokens (counting [CLS] and [SEP]) keeping [SEP]."""
+        ids = [self.cls_id]
+        for chunk in _SPECIAL_SPLIT.split(text):
+            if chunk in SPECIAL_TOKENS:
+                ids.append(self.vocab[chunk])  # special-token strings in the text are kept whole [HF]
+            else:
+                for word in basic_clean(chunk).split():
+                    ids += self.encode_word(word)
+        if max_len is not None and len(ids) > max_len - 1:
+            ids = ids[:max_len - 1]
+        return ids + [self.sep_id]
+
+    def pad(self, id_lists):
+        """Pad to the longest: (ids [B, L], mask [B, L]) as LongTensors, mask 1 on real tokens."""
+        width = max(len(x) for x in id_lists)
+        ids = torch.full((len(id_lists), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(id_lists), width), dtype=torch.long)
+        for i, x in enumerate(id_lists):
+            ids[i, :len(x)] = torch.tensor(x)
+            mask[i, :len(x)] = 1
+        return ids, mask
+
+    def __call__(self, texts, max_len=None):
+        return self.pad([self.encode(t, max_len) for t in texts])
+
+    def vocab_digest(self):
+        return hashlib.sha256("\n".join(self.vocab).encode() + bytes([self.lower, self.strip_accents])).hexdigest()
+
+
+def _encode_chunk(args):
+    tok, texts, max_len = args
+    return [tok.encode(t, max_len) for t in texts]
+
+
+def tokenize_corpus(tok, texts, max_len=None, workers=None):
+    """Tokenize many sentences, in parallel processes when there are enough to pay for it."""
+    workers = workers or os.cpu_count() or 1
+    if workers == 1 or len(texts) < 20_000:
+        return [tok.encode(t, max_len) for t in texts]
+    size = math.ceil(len(texts) / (4 * workers))
+    chunks = [(tok, texts[i:i + size], max_len) for i in range(0, len(texts), size)]
+    with multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn").Pool(workers) as pool:
+        return [ids for part in pool.map(_encode_chunk, chunks) for ids in part]
+
+
+# --- BERT ----------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class BertConfig:
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2  # 0: no token-type embeddings (DistilBERT)
+    layer_norm_eps: float = 1e-12
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    pad_token_id: int = 0
+
+    @classmethod
+    def tiny(cls, **kw):
+        """A 2-layer, 32-wide BERT for tests (minGPT's gpt-nano)."""
+        return cls(**{**dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                             intermediate_size=64, max_position_embeddings=64), **kw})
+
+    @classmethod
+    def from_hf(cls, cfg):
+        """A Hugging Face config.json dict (BERT or DistilBERT) -> BertConfig."""
+        if cfg.get("model_type") == "distilbert":
+            cfg = dict(vocab_size=cfg["vocab_size"], hidden_size=cfg["dim"], num_hidden_layers=cfg["n_layers"],
+                       num_attention_heads=cfg["n_heads"], intermediate_size=cfg["hidden_dim"],
+                       max_position_embeddings=cfg["max_position_embeddings"], type_vocab_size=0,
+                       hidden_dropout_prob=cfg["dropout"], attention_probs_dropout_prob=cfg["attention_dropout"],
+                       pad_token_id=cfg.get("pad_token_id", 0), hidden_act=cfg.get("activation", "gelu"),
+                       sinusoidal=cfg.get("sinusoidal_pos_embds", False))
+        if cfg.get("hidden_act", "gelu") != "gelu" or cfg.get("position_embedding_type", "absolute") != "absolute" \
+                or cfg.get("sinusoidal"):
+            raise CheckpointError("only BERT/DistilBERT with GELU and learned absolute positions is supported")
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in cfg.items() if k in names})
+
+
+class Embeddings(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.pad_token_id)
+        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size) if cfg.type_vocab_size else None
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+    def forward(self, ids):  # ids [B, L] -> [B, L, H]
+        x = self.word_embeddings(ids) + self.position_embeddings.weight[:ids.size(1)]
+        if self.token_type_embeddings is not None:
+            x = x + self.token_type_embeddings.weight[0]  # one segment: token type 0 everywhere
+        return self.dropout(self.LayerNorm(x))
+
+
+class Layer(nn.Module):
+    """Post-LN transformer layer: x = LN(x + Attn(x)); x = LN(x + FFN(x))  [BERT]."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        H = cfg.hidden_size
+        self.heads, self.attn_p = cfg.num_attention_heads, cfg.attention_probs_dropout_prob
+        self.query, self.key, self.value, self.attn_out = (nn.Linear(H, H) for _ in range(4))
+        self.attn_norm = nn.LayerNorm(H, eps=cfg.layer_norm_eps)
+        self.ffn_in, self.ffn_out = nn.Linear(H, cfg.intermediate_size), nn.Linear(cfg.intermediate_size, H)
+        self.ffn_norm = nn.LayerNorm(H, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+    def forward(self, x, keep):  # x [B, L, H], keep [B, 1, 1, L] bool (True = a real token to attend to)
+        B, L, H = x.shape
+        q, k, v = (p(x).view(B, L, self.heads, -1).transpose(1, 2) for p in (self.query, self.key, self.value))
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=self.attn_p if self.training else 0.0)
+        x = self.attn_norm(x + self.dropout(self.attn_out(a.transpose(1, 2).reshape(B, L, H))))  # [B, L, H]
+        return self.ffn_norm(x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(x)))))  # exact (erf) GELU [BERT]
+
+
+class MLMHead(nn.Module):
+    """dense -> GELU -> LayerNorm -> logits over the vocabulary with the word-embedding matrix (tied)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+
+    def forward(self, h, word_embeddings):  # h [B, L, H] -> [B, L, V]
+        return F.linear(self.norm(F.gelu(self.dense(h))), word_embeddings, self.bias)
+
+
+class Bert(nn.Module):
+    def __init__(self, cfg, mlm_head=False):
+        super().__init__()
+        self.cfg = cfg
+        self.embeddings = Embeddings(cfg)
+        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.mlm = MLMHead(cfg) if mlm_head else None
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m):  # BERT's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorms
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def embed(self, ids):  # ids [B, L] -> x [B, L, H]
+        return self.embeddings(ids)
+
+    def encode(self, x, mask, all_layers=False):  # x [B, L, H], mask [B, L] -> [B, L, H] (or every layer's)
+        keep = mask.bool()[:, None, None, :]  # [B, 1, 1, L]
+        states = [x]
+        for layer in self.layers:
+            states.append(layer(states[-1], keep))
+        return states if all_layers else states[-1]
+
+    def forward(self, ids, mask):  # ids, mask [B, L] -> [B, L, H]
+        return self.encode(self.embed(ids), mask)
+
+    def mlm_logits(self, h):  # h [B, L, H] -> [B, L, V]
+        return self.mlm(h, self.embeddings.word_embeddings.weight)
+
+    def set_dropout(self, p):
+        """Override the checkpoint's hidden and attention-probability dropout."""
+        for m in self.modules():
+            if isinstance(m, nn.Dropout):
+                m.p = p
+            if isinstance(m, Layer):
+                m.attn_p = p
+        self.cfg.hidden_dropout_prob = self.cfg.attention_probs_dropout_prob = p
+
+    @classmethod
+    def from_pretrained(cls, name_or_dir, mlm_head=False, dropout=None, quiet=False):
+        folder = resolve_model(name_or_dir)
+        config_path = folder / "config.json"
+        if not config_path.exists():
+            raise CheckpointError(f"{folder} has no config.json: not a Hugging Face model folder")
+        hf_config = json.loads(config_path.read_text())
+        model = cls(BertConfig.from_hf(hf_config), mlm_head)
+        state, unused = rename_checkpoint(read_checkpoint(folder), hf_config.get("model_type", "bert"), model)
+        model.load_state_dict(state, strict=True)
+        if unused and not quiet:
+            print(f"{folder.name}: not used from the checkpoint: {', '.join(sorted(unused))}", file=sys.stderr)
+        if dropout is not None:
+            model.set_dropout(dropout)
+        return model
+
+    def save_pretrained(self, folder, tokenizer, dtype=torch.float32):
+        save_pretrained(self, folder, tokenizer, dtype)
+
+
+# --- Checkpoints: safetensors, renaming, saving ----------------------------------------------------------------
+
+SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64}
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
+
+# Hugging Face name of each sub-module of one layer -> ours (BERT, then DistilBERT)
+BERT_LAYER = {"attention.self.query": "query", "attention.self.key": "key", "attention.self.value": "value",
+              "attention.output.dense": "attn_out", "attention.output.LayerNorm": "attn_norm",
+              "intermediate.dense": "ffn_in", "output.dense": "ffn_out", "output.LayerNorm": "ffn_norm"}
+DISTILBERT_LAYER = {"attention.q_lin": "query", "attention.k_lin": "key", "attention.v_lin": "value",
+                    "attention.out_lin": "attn_out", "sa_layer_norm": "attn_norm", "ffn.lin1": "ffn_in",
+                    "ffn.lin2": "ffn_out", "output_layer_norm": "ffn_norm"}
+# the rest (embeddings keep their Hugging Face names); MLM heads go to `mlm`
+BERT_TOP = {"cls.predictions.transform.dense": "mlm.dense", "cls.predictions.transform.LayerNorm": "mlm.norm",
+            "cls.predictions": "mlm"}
+DISTILBERT_TOP = {"vocab_transform": "mlm.dense", "vocab_layer_norm": "mlm.norm", "vocab_projector": "mlm"}
+TIED_TO_WORD_EMBEDDINGS = {"cls.predictions.decoder.weight", "vocab_projector.weight"}
+SKIPPED = {"embeddings.position_ids", "cls.predictions.decoder.bias"}  # a buffer; an alias of cls.predictions.bias
+
+
+def read_safetensors(path):
+    """Parse a .safetensors file: 8-byte little-endian header size, JSON header, raw little-endian tensor bytes.
+
+    Every size and offset is checked against the file before anything is allocated, so a corrupt or hostile
+    file gives a CheckpointError, never a crash or a huge allocation.
+    """
+    def bad(why):
+        return CheckpointError(f"{path}: not a valid safetensors file: {why}")
+
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise bad(f"{size} bytes, too short to hold the 8-byte header size (truncated?)")
+        n = int.from_bytes(prefix, "little")
+        if n > min(size - 8, MAX_HEADER_BYTES):
+            raise bad(f"the header claims {n} bytes but the file has {size - 8} after the size field (truncated?)")
+        try:
+            header = json.loads(f.read(n).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            raise bad(f"the header is not valid JSON ({type(e).__name__})") from None
+        data = memoryview(f.read())
+    if not isinstance(header, dict):
+        raise bad("the header is not a JSON object")
+    tensors, spans = {}, []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if not (isinstance(info, dict) and info.get("dtype") in SAFETENSORS_DTYPES):
+            raise bad(f"tensor {name!r}: dtype {info.get('dtype') if isinstance(info, dict) else info!r} "
+                      f"is not one of {sorted(SAFETENSORS_DTYPES)}")
+        shape, offsets = info.get("shape"), info.get("data_offsets")
+        if not (isinstance(shape, list) and all(type(d) is int and 0 <= d < 2**62 for d in shape)):
+            raise bad(f"tensor {name!r}: bad shape {shape!r}")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+                and 0 <= offsets[0] <= offsets[1] <= len(data)):
+            raise bad(f"tensor {name!r}: data offsets {offsets!r} fall outside the {len(data)} data bytes")
+        dtype = SAFETENSORS_DTYPES[info["dtype"]]
+        if math.prod(shape) * dtype.itemsize != offsets[1] - offsets[0]:
+            raise bad(f"tensor {name!r}: shape {shape} does not fit its {offsets[1] - offsets[0]} bytes")
+        spans.append((offsets[0], offsets[1], name))
+    end = 0
+    for start, stop, name in sorted(spans):
+        if start != end:
+            raise bad(f"tensor {name!r} starts at byte {start}, expected {end} (overlap or gap)")
+        end = stop
+    if end != len(data):
+        raise bad(f"the tensors cover {end} of {len(data)} data bytes")
+    for start, stop, name in spans:
+        dtype = SAFETENSORS_DTYPES[header[name]["dtype"]]
+        raw = bytearray(data[start:stop])  # a copy: aligned and writable
+        tensors[name] = (torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)).reshape(
+            header[name]["shape"])
+    return tensors
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """Write tensors in the safetensors format (the header padded to a multiple of 8 bytes), atomically."""
+    names = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+    header, offset = {"__metadata__": {"format": "pt", **(metadata or {})}}, 0
+    tensors = {k: t.detach().contiguous().cpu() for k, t in tensors.items()}
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    with atomic_write(path, "wb") as f:
+        f.write(len(blob).to_bytes(8, "little") + blob)
+        for t in tensors.values():
+            f.write(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+
+
+def read_checkpoint(folder):
+    """Tensors of a model folder: model.safetensors, else pytorch_model.bin (never unpickling code)."""
+    if (folder / "model.safetensors").exists():
+        return read_safetensors(folder / "model.safetensors")
+    if (folder / "pytorch_model.bin").exists():
+        try:
+            return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        except Exception as e:  # weights_only refuses anything but tensors and plain containers
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CheckpointError(f"{folder}/pytorch_model.bin cannot be loaded safely (weights only): {first}") \
+                from None
+    raise CheckpointError(f"{folder} has neither model.safetensors nor pytorch_model.bin")
+
+
+def hf_to_ours(key, model_type):
+    """A Hugging Face checkpoint key -> our parameter name, or None if our model has no such tensor."""
+    key = re.sub(r"^(bert|distilbert)\.", "", key)
+    key = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", key))
+    layer_names, top = (DISTILBERT_LAYER, DISTILBERT_TOP) if model_type == "distilbert" else (BERT_LAYER, BERT_TOP)
+    m = re.fullmatch(r"(?:encoder|transformer)\.layer\.(\d+)\.(.+)\.(weight|bias)", key)
+    if m:
+        return f"layers.{m[1]}.{layer_names[m[2]]}.{m[3]}" if m[2] in layer_names else None
+    module, _, param = key.rpartition(".")
+    if module.startswith("embeddings."):
+        return key
+    return f"{top[module]}.{param}" if module in top else None
+
+
+def ours_to_hf(name):
+    """Our parameter name -> the Hugging Face BertModel / BertForMaskedLM key."""
+    m = re.fullmatch(r"layers\.(\d+)\.(\w+)\.(weight|bias)", name)
+    if m:
+        return f"encoder.layer.{m[1]}.{ {v: k for k, v in BERT_LAYER.items()}[m[2]]}.{m[3]}"
+    module, _, param = name.rpartition(".")
+    return {v: k for k, v in BERT_TOP.items()}.get(module, module) + "." + param
+
+
+def rename_checkpoint(tensors, model_type, model):
+    """Map checkpoint tensors onto the model's names; every model tensor must be filled with the right shape.
+
+    Returns (state_dict, unused checkpoint keys). Raises CheckpointError naming missing or mismatched tensors.
+    """
+    expected = model.state_dict()
+    state, unused = {}, set()
+    for key, t in tensors.items():
+        bare = re.sub(r"^(bert|distilbert)\.", "", key)
+        if bare in SKIPPED:
+            continue
+        if bare in TIED_TO_WORD_EMBEDDINGS:
+            if model.mlm is not None and not torch.equal(t, _find(tensors, "embeddings.word_embeddings.weight")):
+                raise CheckpointError(f"{key} is not tied to the word embeddings; this BERT ties them")
+            continue
+        ours = hf_to_ours(key, model_type)
+        if ours is None or ours not in expected:
+            unused.add(key)
+        else:
+            state[ours] = t.to(expected[ours].dtype)
+    missing = [k for k in expected if k not in state]
+    if missing:
+        hint = " (the checkpoint has no masked-LM head)" if all(k.startswith("mlm.") for k in missing) else ""
+        raise CheckpointError(f"checkpoint is missing {len(missing)} tensors{hint}: {', '.join(missing[:8])}"
+                              + (" ..." if len(missing) > 8 else ""))
+    wrong = [f"{k} {tuple(state[k].shape)} != {tuple(expected[k].shape)}" for k in expected
+             if state[k].shape != expected[k].shape]
+    if wrong:
+        raise CheckpointError(f"checkpoint tensors do not match config.json: {'; '.join(wrong[:4])}")
+    return state, unused
+
+
+def _find(tensors, suffix):
+    return next(t for k, t in tensors.items() if k.endswith(suffix))
+
+
+@contextlib.contextmanager
+def atomic_write(path, mode="w"):
+    """Write to a temporary file beside `path`, then rename over it: readers never see a partial file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
+    """Write a Hugging Face-style folder that transformers' BertModel and sentence-transformers load (CLS pooling)."""
+    folder = Path(folder)
+    (folder / "1_Pooling").mkdir(parents=True, exist_ok=True)
+    prefix = "bert." if model.mlm is not None else ""  # BertForMaskedLM keys when there is an MLM head
+    tensors = {prefix * (not n.startswith("mlm.")) + ours_to_hf(n): t.to(dtype) for n, t in model.state_dict().items()}
+    write_safetensors(folder / "model.safetensors", tensors)
+    cfg = model.cfg
+    config = {"architectures": ["BertForMaskedLM" if model.mlm is not None else "BertModel"], "model_type": "bert",
+              **dataclasses.asdict(cfg), "hidden_act": "gelu", "position_embedding_type": "absolute",
+              "initializer_range": 0.02, "torch_dtype": str(dtype).removeprefix("torch.")}
+    files = {
+        "config.json": config,
+        "tokenizer_config.json": {"tokenizer_class": "BertTokenizer", "do_lower_case": tokenizer.lower,
+                                  "strip_accents": None if tokenizer.strip_accents == tokenizer.lower
+                                  else tokenizer.strip_accents, "model_max_length": cfg.max_position_embeddings,
+                                  **{k: v for k, v in zip(("pad_token", "unk_token", "cls_token", "sep_token",
+                                                           "mask_token"), SPECIAL_TOKENS)}},
+        "special_tokens_map.json": dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"),
+                                            SPECIAL_TOKENS)),
+        "modules.json": [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}],
+        "sentence_bert_config.json": {"max_seq_length": cfg.max_position_embeddings, "do_lower_case": False},
+        "1_Pooling/config.json": {"word_embedding_dimension": cfg.hidden_size, "pooling_mode_cls_token": True,
+                                  "pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": False,
+                                  "pooling_mode_mean_sqrt_len_tokens": False},
+    }
+    for name, content in files.items():
+        with atomic_write(folder / name) as f:
+            json.dump(content, f, indent=2)
+    with atomic_write(folder / "vocab.txt") as f:
+        f.write("".join(token + "\n" for token in tokenizer.vocab))
+
+
+# --- Resolving and downloading models and data -----------------------------------------------------------------
+
+HF_ENDPOINT = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+CACHE = Path(os.environ.get("SIMCSE_CACHE", Path.home() / ".cache" / "simcse-min"))
+KNOWN_MODELS = {  # name -> files to fetch (the weights last, so a folder with weights is complete)
+    "bert-base-uncased": ["config.json", "vocab.txt", "tokenizer_config.json", "model.safetensors"],
+    "bert-large-uncased": ["config.json", "vocab.txt", "tokenizer_config.json", "model.safetensors"],
+    "distilbert-base-uncased": ["config.json", "vocab.txt", "tokenizer_config.json", "model.safetensors"],
+    "google/bert_uncased_L-4_H-256_A-4": ["config.json", "vocab.txt", "pytorch_model.bin"],
+    "sentence-transformers/all-MiniLM-L6-v2": ["config.json", "vocab.txt", "tokenizer_config.json",
+                                               "model.safetensors"],
+}
+DATASETS = "datasets/princeton-nlp/datasets-for-simcse/resolve/main"
+KNOWN_DATA = {"wiki1m_for_simcse.txt": f"{DATASETS}/wiki1m_for_simcse.txt",
+              "nli_for_simcse.csv": f"{DATASETS}/nli_for_simcse.csv",
+              "senteval.tar": f"{DATASETS}/senteval.tar"}
+
+
+def resolve_model(name_or_dir):
+    """A local folder, else the Hugging Face cache, else our cache, else a download of a known name."""
+    path = Path(name_or_dir).expanduser()
+    if path.is_dir():
+        return path
+    hub = Path(os.environ.get("HF_HUB_CACHE", Path.home() / ".cache" / "huggingface" / "hub"))
+    for snapshot in sorted(hub.glob(f"models--{str(name_or_dir).replace('/', '--')}/snapshots/*")):
+        if (snapshot / "config.json").exists() and (snapshot / "vocab.txt").exists():
+            return snapshot
+    ours = CACHE / "models" / str(name_or_dir)
+    files = KNOWN_MODELS.get(str(name_or_dir))
+    if files and all((ours / f).exists() for f in files):
+        return ours
+    if files is None:
+        raise UserError(f"model {name_or_dir!r} is neither a folder nor a known name "
+                        f"({', '.join(KNOWN_MODELS)}); pass the path of a Hugging Face model folder")
+    for f in files:
+        download(f"{HF_ENDPOINT}/{name_or_dir}/resolve/main/{f}", ours / f)
+    return ours
+
+
+def download(url, dest, expected_sha256=None):
+    """Fetch url to dest with a progress line, resuming a partial download, checking size and SHA-256.
+
+    The SHA-256 is `expected_sha256` or, for Hugging Face's large files, the ETag the server sends.
+    """
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    have = part.stat().st_size if part.exists() else 0
+    request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+    try:
+        response = urllib.request.urlopen(request, timeout=60)
+    except urllib.error.HTTPError as e:
+        if e.code == 416:  # nothing left to fetch: the part file is complete
+            response = None
+        else:
+            raise UserError(f"download of {url} failed: HTTP {e.code} {e.reason}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise UserError(f"cannot download {url} ({getattr(e, 'reason', e)}): you seem to be offline; fetch the file "
+                        f"on a machine with internet and pass its local path instead") from None
+    if response is not None:
+        with response:
+            if response.status != 206:
+                have = 0  # the server ignored the range: start over
+            total = have + int(response.headers.get("Content-Length", 0))
+            etag = (response.headers.get("X-Linked-Etag") or response.headers.get("ETag") or "").strip('"W/')
+            expected_sha256 = expected_sha256 or (etag if re.fullmatch(r"[0-9a-f]{64}", etag) else None)
+            with open(part, "ab" if have else "wb") as f:
+                done, shown = have, 0.0
+                while chunk := response.read(1 << 20):
+                    f.write(chunk)
+                    done += len(chunk)
+                    if time.time() - shown > 1 or done == total:
+                        shown = time.time()
+                        print(f"\r{dest.name}: {done / 1e6:.1f} / {total / 1e6:.1f} MB", end="", file=sys.stderr)
+            print(file=sys.stderr)
+            if total and part.stat().st_size != total:
+                raise UserError(f"download of {url} was cut at {part.stat().st_size} of {total} bytes; "
+                                f"run the same command again to resume")
+    if expected_sha256 and sha256_file(part) != expected_sha256:
+        part.unlink()
+        raise UserError(f"download of {url} is corrupt (SHA-256 mismatch); it was deleted, run again to re-fetch")
+    os.replace(part, dest)
+    return dest
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def resolve_data(path):
+    """A local file, else a known SimCSE file name fetched once into the cache."""
+    p = Path(path).expanduser()
+    if p.exists() or Path(path).name not in KNOWN_DATA or p.parent != Path("."):
+        return p
+    cached = CACHE / "data" / p.name
+    return cached if cached.exists() else download(f"{HF_ENDPOINT}/{KNOWN_DATA[p.name]}", cached)
+
+
+def download_senteval(dest=CACHE / "senteval"):
+    """Fetch SimCSE's senteval.tar and unpack its STS/SICK files: dest/downstream/{STS,SICK}."""
+    tar_path = download(f"{HF_ENDPOINT}/{KNOWN_DATA['senteval.tar']}", CACHE / "data" / "senteval.tar")
+    with tarfile.open(tar_path) as tar:
+        members = [m for m in tar.getmembers() if re.search(r"downstream/(STS|SICK)/", m.name) and m.isfile()]
+        tmp = Path(tempfile.mkdtemp(dir=CACHE))
+        tar.extractall(tmp, members=members, filter="data")
+    found = next(tmp.rglob("downstream"))
+    shutil.rmtree(dest / "downstream", ignore_errors=True)
+    dest.mkdir(parents=True, exist_ok=True)
+    os.replace(found, dest / "downstream")
+    shutil.rmtree(tmp)
+    return dest / "downstream"
+
+
+def resolve_senteval(path):
+    """The SentEval 'downstream' folder: the given path (or its downstream/ child), else our cache, else download."""
+    if path:
+        p = Path(path).expanduser()
+        root = p / "downstream" if (p / "downstream").is_dir() else p
+        check_senteval(root)
+        return root
+    for root in (Path("SentEval/data/downstream"), CACHE / "senteval" / "downstream"):
+        if root.is_dir():
+            check_senteval(root)
+            return root
+    print("no SentEval data given (--senteval): downloading SimCSE's senteval.tar once", file=sys.stderr)
+    return download_senteval()
+
+
+# --- Data --------------------------------------------------------------------------------------------------------
+
+def read_lines(path):
+    """Non-blank lines of a UTF-8 text file, stripped; a one-line error for anything unusable."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"data file {path} does not exist")
+    if path.is_dir():
+        raise UserError(f"data file {path} is a directory; pass a text file with one sentence per line")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise UserError(f"{path} is not UTF-8 (line {line}, byte {e.start}); convert it, e.g. iconv -t UTF-8") from None
+    lines = [s for s in (line.strip() for line in text.splitlines()) if s]
+    if not lines:
+        raise UserError(f"data file {path} holds no sentences")
+    return lines
+
+
+def read_training_data(path):
+    """Sentences (one per line), or rows of a CSV (sentence, positive[, hard negative]) for supervised SimCSE.
+
+    Returns a list of tuples of strings: 1 column (unsupervised) or 2-3 columns (supervised).
+    """
+    import csv
+    lines = read_lines(path)
+    if Path(path).suffix != ".csv":
+        return [(s,) for s in lines]
+    rows = list(csv.reader(lines))
+    if rows and [c.lower() for c in rows[0]][:2] in (["sent0", "sent1"], ["sentence", "positive"]):
+        rows = rows[1:]  # header line [official nli_for_simcse.csv: sent0,sent1,hard_neg]
+    widths = {len(r) for r in rows}
+    if not rows or len(widths) != 1 or widths.pop() not in (2, 3):
+        raise UserError(f"{path}: a supervised CSV needs 2 or 3 columns on every row "
+                        f"(sentence, positive[, hard negative])")
+    return [tuple(r) for r in rows]
+
+
+def tokenize_rows(tok, rows, max_len):
+    """Tokenize every column of every row once, ahead of training: list of tuples of id lists."""
+    cols = len(rows[0])
+    flat = tokenize_corpus(tok, [s for r in rows for s in r], max_len)
+    return [tuple(flat[i * cols:(i + 1) * cols]) for i in range(len(rows))]
+
+
+def batches(n, batch_size, seed, epoch):
+    """Index lists of one epoch: a fresh permutation per (seed, epoch); the last partial batch is dropped
+    (a batch of one sentence has no negatives; the official code keeps it: 15,626 vs 15,625 steps)."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + epoch)).tolist()
+    return [order[i:i + batch_size] for i in range(0, n - batch_size + 1, batch_size)]
+
+
+def collate(tok, rows, device):
+    """Rows of C columns of id lists -> ids, mask [B, C, L], every column padded to the same length."""
+    ids, mask = tok.pad([x for r in rows for x in r])  # [B*C, L]
+    B, C = len(rows), len(rows[0])
+    pin = device.type == "cuda"
+    ids, mask = (t.view(B, C, -1) for t in (ids, mask))
+    if pin:
+        ids, mask = ids.pin_memory(), mask.pin_memory()
+    return ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)
+
+
+# --- STS evaluation (SimCSE's SentEval fork: cosine similarity, Spearman x 100, 'all' for STS12-16) ---------------
+
+STS_YEARS = {  # task -> subsets, as SentEval reads them [official SentEval sts.py]
+    "STS12": ["MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"],
+    "STS13": ["FNWN", "headlines", "OnWN"],
+    "STS14": ["deft-forum", "deft-news", "headlines", "images", "OnWN", "tweet-news"],
+    "STS15": ["answers-forums", "answers-students", "belief", "headlines", "images"],
+    "STS16": ["answer-answer", "headlines", "plagiarism", "postediting", "question-question"],
+}
+TEST_TASKS = [*STS_YEARS, "STSBenchmark", "SICKRelatedness"]
+SHORT_NAMES = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}
+SPLIT_FILES = {"STSBenchmark": {s: f"STS/STSBenchmark/sts-{s}.csv" for s in ("train", "dev", "test")},
+               "SICKRelatedness": {"train": "SICK/SICK_train.txt", "dev": "SICK/SICK_trial.txt",
+                                   "test": "SICK/SICK_test_annotated.txt"}}
+
+
+def sts_files(mode):
+    """Relative paths the evaluation reads in 'test' or 'dev' mode."""
+    files = []
+    if mode == "test":
+        for year, subsets in STS_YEARS.items():
+            files += [f"STS/{year}-en-test/STS.{kind}.{s}.txt" for s in subsets for kind in ("input", "gs")]
+    return files + [SPLIT_FILES[t][mode] for t in SPLIT_FILES]
+
+
+def check_senteval(root, mode="test"):
+    missing = [f for f in sts_files(mode) if not (Path(root) / f).is_file()]
+    if missing:
+        raise UserError(f"SentEval folder {root} is incomplete: missing {', '.join(missing[:4])}"
+                        + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+                        + "; get it with `python common.py download senteval` and pass --senteval "
+                          "~/.cache/simcse-min/senteval")
+
+
+def _joined(s):
+    return " ".join(s.split())  # SentEval splits on whitespace and the batcher re-joins with single spaces
+
+
+def load_sts_subset(root, year, subset):
+    """(sentences A, sentences B, gold scores) of one STS12-16 subset; pairs with an empty gold score dropped."""
+    folder = Path(root) / "STS" / f"{year}-en-test"
+    pairs = [line.split("\t") for line in (folder / f"STS.input.{subset}.txt").read_text("utf8").splitlines()]
+    gold = (folder / f"STS.gs.{subset}.txt").read_text("utf8").splitlines()
+    keep = [i for i, g in enumerate(gold) if g != ""]  # the not_empty_idx filter [official SentEval sts.py]
+    return ([_joined(pairs[i][0]) for i in keep], [_joined(pairs[i][1]) for i in keep],
+            np.array([float(gold[i]) for i in keep]))
+
+
+def load_sts_split(root, task, split):
+    """STS-B (score in column 4, sentences 5-6) or SICK-R (header line; sentences 1-2, score 3), one split."""
+    lines = (Path(root) / SPLIT_FILES[task][split]).read_text("utf8").splitlines()
+    cols = [line.strip().split("\t") for line in (lines if task == "STSBenchmark" else lines[1:])]
+    a, b, y = (5, 6, 4) if task == "STSBenchmark" else (1, 2, 3)
+    return [_joined(c[a]) for c in cols], [_joined(c[b]) for c in cols], np.array([float(c[y]) for c in cols])
+
+
+def load_sts(root, mode="test"):
+    """{task: {subset or split: (A, B, gold)}} for the tasks a mode reports."""
+    check_senteval(root, mode)
+    tasks = {}
+    if mode == "test":
+        tasks = {year: {s: load_sts_subset(root, year, s) for s in subsets} for year, subsets in STS_YEARS.items()}
+    for task in SPLIT_FILES:
+        tasks[task] = {mode: load_sts_split(root, task, mode)}
+    return tasks
+
+
+POOLERS = ("cls", "avg", "avg_first_last", "avg_top2")
+
+
+def pool(states, mask, pooler):
+    """Sentence vectors [B, H] from every layer's states ([emb, layer 1, ..., layer N], each [B, L, H])."""
+    if pooler == "cls":
+        return states[-1][:, 0]  # raw [CLS], no head: the papers' test vector
+    chosen = {"avg": [-1], "avg_first_last": [0, -1], "avg_top2": [-2, -1]}[pooler]  # first = embedding output
+    h = sum(states[i] for i in chosen) / len(chosen)  # [B, L, H]
+    m = mask.unsqueeze(-1).to(h.dtype)  # [B, L, 1]
+    return (h * m).sum(1) / m.sum(1)
+
+
+def encode_sentences(model, tok, sentences, pooler="cls", batch_size=128, id_lists=None):
+    """Sentence vectors [N, H] (float32, on the CPU) in eval mode: sorted by length to cut padding, order restored."""
+    if pooler not in POOLERS:
+        raise UserError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
+    id_lists = id_lists or [tok.encode(s, model.cfg.max_position_embeddings) for s in sentences]
+    order = sorted(range(len(id_lists)), key=lambda i: -len(id_lists[i]))
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    out = torch.empty(len(id_lists), model.cfg.hidden_size)
+    with torch.inference_mode():
+        for start in range(0, len(order), batch_size):
+            idx = order[start:start + batch_size]
+            ids, mask = (t.to(device, non_blocking=True) for t in tok.pad([id_lists[i] for i in idx]))
+            states = model.encode(model.embed(ids), mask, all_layers=pooler != "cls")
+            out[idx] = pool(states if pooler != "cls" else [states], mask, pooler).float().cpu()
+    model.train(was_training)
+    return out
+
+
+def cosine(a, b):  # a, b [N, H] -> [N]
+    a, b = a.double(), b.double()
+    return ((a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1))).nan_to_num().numpy()
+
+
+def score_pairs(pred, gold):
+    return {"spearman": 100 * scipy.stats.spearmanr(pred, gold)[0], "pearson": 100 * scipy.stats.pearsonr(pred, gold)[0],
+            "n": len(gold)}
+
+
+def evaluate_sts(model, tok, root, mode="test", pooler="cls", batch_size=128, tasks=None):
+    """Spearman x 100 per task as the papers report it, plus details (Pearson, subsets, 'mean', 'wmean').
+
+    Each distinct sentence is encoded once. STS12-16 report 'all': the subsets concatenated, one Spearman
+    [SimCSE's SentEval fork]; STS-B and SICK-R report the split of the mode (test; dev = STS-B dev, SICK trial).
+    """
+    start = time.time()
+    tasks = tasks or load_sts(root, mode)
+    unique = sorted({s for subsets in tasks.values() for a, b, _ in subsets.values() for s in a + b})
+    index = {s: i for i, s in enumerate(unique)}
+    vectors = encode_sentences(model, tok, unique, pooler, batch_size)  # [N, H]
+    results, details = {}, {}
+    for task, subsets in tasks.items():
+        preds = {name: cosine(vectors[[index[s] for s in a]], vectors[[index[s] for s in b]])
+                 for name, (a, b, _) in subsets.items()}
+        scores = {name: score_pairs(preds[name], gold) for name, (_, _, gold) in subsets.items()}
+        if task in STS_YEARS:
+            all_pred = np.concatenate(list(preds.values()))
+            all_gold = np.concatenate([gold for _, _, gold in subsets.values()])
+            scores["all"] = score_pairs(all_pred, all_gold)
+            sizes = np.array([scores[n]["n"] for n in subsets])
+            spearman = np.array([scores[n]["spearman"] for n in subsets])
+            scores["mean"] = float(spearman.mean())
+            scores["wmean"] = float((spearman * sizes).sum() / sizes.sum())
+            results[task] = scores["all"]["spearman"]
+        else:
+            results[task] = scores[mode]["spearman"]
+        details[task] = scores
+    if mode == "test" and len(results) == len(TEST_TASKS):
+        results["Avg"] = float(np.mean([round(results[t], 2) for t in TEST_TASKS]))  # of the printed values [official]
+    details["seconds"] = round(time.time() - start, 2)
+    details["sentences_encoded"] = len(unique)
+    return {**{k: float(v) for k, v in results.items()}, "details": details}
+
+
+def format_table(results):
+    """The familiar STS12 ... SICK-R | Avg table (two lines)."""
+    keys = [k for k in [*TEST_TASKS, "Avg"] if k in results]
+    head = " | ".join(f"{SHORT_NAMES.get(k, k):>7}" for k in keys)
+    return head + "\n" + " | ".join(f"{results[k]:7.2f}" for k in keys)
+
+
+class DevSet:
+    """STS-B dev, tokenized once: the fast checkpoint-selection score used during training (3,000 sentences)."""
+
+    def __init__(self, tok, root, max_len=512):
+        a, b, self.gold = load_sts_split(root, "STSBenchmark", "dev")
+        self.tok, self.ids = tok, [tok.encode(s, max_len) for s in a + b]
+
+    def score(self, model):
+        vectors = encode_sentences(model, self.tok, None, "cls", 256, id_lists=self.ids)  # [3000, H]
+        n = len(self.gold)
+        return 100 * scipy.stats.spearmanr(cosine(vectors[:n], vectors[n:]), self.gold)[0]
+
+
+# --- Training-loop pieces ----------------------------------------------------------------------------------------
+
+def parse_args(config_cls, argv=None):
+    """Dataclass fields -> `--name value` flags; each field's trailing comment is its --help text."""
+    source = inspect.getsource(config_cls)
+    helps = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.+)$", source, re.M))
+    parser = argparse.ArgumentParser(description=(sys.modules[config_cls.__module__].__doc__ or "").split("\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for f in dataclasses.fields(config_cls):
+        kind = {"bool": _parse_bool, "int": int, "float": float}.get(f.type if isinstance(f.type, str)
+                                                                      else f.type.__name__, str)
+        parser.add_argument(f"--{f.name}", type=kind, default=f.default, help=helps.get(f.name, " "))
+    return config_cls(**vars(parser.parse_args(argv)))
+
+
+def _parse_bool(s):
+    if s.lower() in ("1", "true", "yes"):
+        return True
+    if s.lower() in ("0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected 1/0/true/false, got {s!r}")
+
+
+def set_seed(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def resolve_device(name):
+    """'auto' -> cuda, mps or cpu; asking for a device that is not there is an error, never a silent fallback."""
+    available = {"cpu": True, "cuda": torch.cuda.is_available(),
+                 "mps": getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()}
+    if name == "auto":
+        name = "cuda" if available["cuda"] else "mps" if available["mps"] else "cpu"
+    if name not in available:
+        raise UserError(f"--device {name!r}: choose auto, cpu, cuda or mps")
+    if not available[name]:
+        raise UserError(f"--device {name} was asked for but PyTorch sees no {name.upper()} device here "
+                        f"(torch {torch.__version__}); use --device cpu or install a {name} build of torch")
+    if name == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # TF32 for fp32 matmuls
+    return torch.device(name)
+
+
+def autocast(device):
+    """bf16 autocast on CUDA (no grad scaler needed); plain fp32 elsewhere."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def make_optimizer(params, lr, total_steps, device):
+    """AdamW (wd 0, betas 0.9/0.999, eps 1e-8) with a linear decay to 0 and no warm-up [official: HF Trainer 4.2.1]."""
+    params = [p for p in params if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                            fused=device.type == "cuda")
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: max(0.0, 1 - step / total_steps))
+    return opt, sched
+
+
+def optimizer_step(loss, opt, sched, max_grad_norm=1.0):
+    """backward, clip the global gradient norm at 1.0 [official: HF Trainer max_grad_norm], step, zero."""
+    loss.backward()
+    params = [p for group in opt.param_groups for p in group["params"]]
+    torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    opt.step()
+    sched.step()
+    opt.zero_grad(set_to_none=True)
+
+
+Batch = collections.namedtuple("Batch", "step epoch ids mask")
+
+
+class Run:
+    """One training run's bookkeeping: device, seed, output folder and log, data, dev evaluation, the best state,
+    the final test table, results.json and the saved model. The *_min.py files keep the method and the loop."""
+
+    def __init__(self, cfg, method, script):
+        self.cfg, self.method = cfg, method
+        self.device = resolve_device(cfg.device)
+        set_seed(cfg.seed)
+        self.out = Path(cfg.out_dir or f"runs/{method}")
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "log.txt").write_text("")
+        self.log(f"{method} | {script} sha256 {sha256_file(script)[:16]} | torch {torch.__version__} | {self.device}")
+        self.log("config " + json.dumps(dataclasses.asdict(cfg)))
+        self.senteval = resolve_senteval(cfg.senteval)
+        self.dev_history, self.stats_history = [], []
+        self.best_dev, self.best_step, self.best_state, self.total = -math.inf, 0, None, 0
+        self.started, self.last_print = time.time(), 0.0
+
+    def log(self, msg):
+        print(msg, flush=True)
+        with open(self.out / "log.txt", "a", encoding="utf-8") as f:
+            f.write(msg + "\n")
+
+    def load_model(self, mlm_head=False):
+        tok = Tokenizer.from_pretrained(self.cfg.model)
+        model = Bert.from_pretrained(self.cfg.model, mlm_head=mlm_head, dropout=self.cfg.dropout)
+        return tok, model.to(self.device)
+
+    def load_data(self, tok):
+        """Read and tokenize the whole training file once (truncated to max_len, [CLS] and [SEP] included)."""
+        start = time.time()
+        rows = read_training_data(resolve_data(self.cfg.data))
+        data = tokenize_rows(tok, rows, self.cfg.max_len)
+        self.log(f"data {self.cfg.data}: {len(rows)} rows x {len(rows[0])} column(s), tokenized in "
+                 f"{time.time() - start:.1f}s")
+        self.dev = DevSet(tok, self.senteval)
+        return data
+
+    def total_steps(self, n_rows):
+        """Steps of the whole run: full batches per epoch x epochs, or --max_steps if smaller."""
+        per_epoch = n_rows // self.cfg.batch_size
+        if per_epoch == 0:
+            raise UserError(f"the data has {n_rows} rows, fewer than one batch of {self.cfg.batch_size}")
+        self.total = per_epoch * self.cfg.epochs
+        if self.cfg.max_steps > 0:
+            self.total = min(self.total, self.cfg.max_steps)
+        return self.total
+
+    def batches(self, data, tok):
+        """Batch(step, epoch, ids [B, C, L], mask [B, C, L]) for steps 1..total, a fresh shuffle every epoch."""
+        step = 0
+        for epoch in range(self.cfg.epochs):
+            for idx in batches(len(data), self.cfg.batch_size, self.cfg.seed, epoch):
+                step += 1
+                if step > self.total:
+                    return
+                yield Batch(step, epoch, *collate(tok, [data[i] for i in idx], self.device))
+
+    def evaluate(self, step, model, stats=None):
+        """STS-B dev (raw [CLS]) at step 0, every eval_every steps and at the last step; keep the best state.
+
+        Between evaluations, a progress line about every 10 seconds. Stops on a non-finite loss."""
+        stats = {k: float(v) for k, v in (stats or {}).items()}
+        if not math.isfinite(stats.get("loss", 0.0)):
+            raise UserError(f"the loss became {stats['loss']} at step {step}: stopping (try a lower --lr)")
+        extra = "".join(f" | {k} {v:.4f}" for k, v in stats.items() if k != "loss")
+        if not (step == 0 or step % self.cfg.eval_every == 0 or step == self.total):
+            if time.time() - self.last_print > 10:
+                self.last_print, rate = time.time(), step / (time.time() - self.started)
+                self.log(f"step {step}/{self.total} | loss {stats['loss']:.4f}{extra} | {rate:.2f} steps/s | "
+                         f"eta {(self.total - step) / rate / 60:.1f} min")
+            return
+        dev = self.dev.score(model)
+        self.dev_history.append([step, round(dev, 4)])
+        self.stats_history.append([step, stats])
+        if dev > self.best_dev:
+            self.best_dev, self.best_step = dev, step
+            self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        ms = 1000 * (time.time() - self.started) / max(step, 1)
+        self.log(f"step {step} | loss {stats.get('loss', math.nan):.4f}{extra} | stsb_dev {dev:.2f} | "
+                 f"best {self.best_dev:.2f} @ {self.best_step} | {ms:.0f} ms/step")
+
+    def finish(self, model, tok, extra=None):
+        """Best state -> 7-task test table (raw [CLS]), results.json and the saved model in out_dir."""
+        if self.best_state is not None:
+            model.load_state_dict(self.best_state)
+        test = evaluate_sts(model, tok, self.senteval, "test", "cls")
+        self.log(format_table(test))
+        model.save_pretrained(self.out, tok)
+        results = {"method": self.method, "config": dataclasses.asdict(self.cfg), "dev_history": self.dev_history,
+                   "stats_history": self.stats_history, "best_step": self.best_step, "best_dev": round(self.best_dev, 4),
+                   "test": {k: round(v, 4) for k, v in test.items() if k != "details"},
+                   "test_details": test["details"], "train_seconds": round(time.time() - self.started, 1),
+                   **(extra or {})}
+        with atomic_write(self.out / "results.json") as f:
+            json.dump(results, f, indent=2)
+        self.log(f"best stsb_dev {self.best_dev:.2f} @ step {self.best_step}; model and results.json in {self.out}")
+        return results
+
+
+def main_guard(fn, *args):
+    """Run a command-line entry point: a UserError becomes one line on stderr and exit status 2."""
+    try:
+        return fn(*args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+# --- Command line: python common.py eval | download ------------------------------------------------------------
+
+def cli(argv=None):
+    parser = argparse.ArgumentParser(prog="common.py", description="simcse-min tools: STS evaluation and downloads.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    ev = sub.add_parser("eval", help="STS evaluation of a model, as the papers report it",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ev.add_argument("--model", required=True, help="model folder or known name (e.g. bert-base-uncased)")
+    ev.add_argument("--pooler", default="cls", choices=POOLERS,
+                    help="cls: raw last-layer [CLS] (the papers' test vector); avg: mean of the last layer; "
+                         "avg_first_last: mean of embedding output and last layer; avg_top2: last two layers")
+    ev.add_argument("--senteval", default="", help="SentEval data folder (holding STS/ and SICK/, or downstream/)")
+    ev.add_argument("--mode", default="test", choices=("test", "dev"),
+                    help="test: STS12-16, STS-B and SICK-R test; dev: STS-B dev and SICK-R trial")
+    ev.add_argument("--json", default="", help="also write the scores to this JSON file")
+    ev.add_argument("--batch_size", type=int, default=128, help="sentences per encoding batch")
+    ev.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
+    dl = sub.add_parser("download", help="fetch a model or data set into ~/.cache/simcse-min (needs internet)")
+    dl.add_argument("what", help=f"senteval, a data file ({', '.join(k for k in KNOWN_DATA if k != 'senteval.tar')})"
+                                 f" or a model ({', '.join(KNOWN_MODELS)})")
+    args = parser.parse_args(argv)
+    if args.command == "eval":
+        return run_eval(args)
+    if args.what == "senteval":
+        print(download_senteval())
+    elif args.what in KNOWN_DATA:
+        print(resolve_data(args.what))
+    else:
+        print(resolve_model(args.what))
+
+
+def run_eval(args):
+    device = resolve_device(args.device)
+    root = resolve_senteval(args.senteval)
+    check_senteval(root, args.mode)
+    tok, model = Tokenizer.from_pretrained(args.model), Bert.from_pretrained(args.model).to(device)
+    results = evaluate_sts(model, tok, root, args.mode, args.pooler, args.batch_size)
+    print(format_table(results))
+    print(f"({results['details']['sentences_encoded']} sentences encoded in {results['details']['seconds']:.1f}s)")
+    if args.json:
+        with atomic_write(args.json) as f:
+            json.dump(results, f, indent=2)
+    return results
+
+
+if __name__ == "__main__":
+    main_guard(cli)

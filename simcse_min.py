@@ -1,0 +1,123 @@
+"""SimCSE: a sentence encoded twice, under two dropout masks, is its own positive; the batch gives the negatives.
+
+Gao, Yao and Chen, "SimCSE: Simple Contrastive Learning of Sentence Embeddings", EMNLP 2021 (arXiv:2104.08821).
+
+The baseline: read this file first; the other three are diffs of it (`diff -u simcse_min.py esimcse_min.py`).
+Given an NLI CSV (sentence, entailment[, contradiction]) instead of plain sentences, it trains supervised SimCSE.
+
+    h_i, h_i' = MLP(BERT(x_i)[CLS]) under dropout masks z_i, z_i'                                     [B, H]
+    loss = -1/B sum_i log( exp(cos(h_i, h_i')/τ) / sum_j exp(cos(h_i, h_j')/τ) ),   τ = 0.05,  j = i included
+    supervised: h_i' is the entailment, and the B contradictions h_j^- add B more terms to the denominator.
+
+    python simcse_min.py --data wiki1m_for_simcse.txt --device cuda
+    python simcse_min.py --data nli_for_simcse.csv --batch_size 512 --lr 5e-5 --epochs 3 --device cuda
+"""
+import dataclasses
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from common import Run, autocast, main_guard, make_optimizer, optimizer_step, parse_args
+
+
+# ---- Config
+
+@dataclasses.dataclass
+class Config:
+    data: str = "wiki1m_for_simcse.txt"  # sentences, one per line, or an NLI CSV (supervised); this name downloads
+    model: str = "bert-base-uncased"  # a model folder or known name [paper]
+    senteval: str = ""  # SentEval data folder; empty: ./SentEval/data/downstream, the cache, else a download
+    device: str = "auto"  # auto, cpu, cuda or mps
+    seed: int = 42  # [official run_unsup_example.sh]
+    batch_size: int = 64  # sentences per step [paper Table A.1; supervised: 512]
+    max_len: int = 32  # training length in tokens, [CLS] and [SEP] included [official run_unsup_example.sh]
+    lr: float = 3e-5  # peak learning rate, linear decay to 0 [paper Table A.1; supervised: 5e-5]
+    epochs: int = 1  # [paper; supervised: 3]
+    max_steps: int = 0  # stop after this many steps (0: all epochs)
+    temp: float = 0.05  # τ, the softmax temperature [paper]
+    eval_every: int = 125  # STS-B dev every this many steps [official code]
+    dropout: float = 0.1  # hidden and attention dropout, the only augmentation [paper Table 3]
+    out_dir: str = "runs/simcse"  # best model, log.txt and results.json
+    hard_weight: float = 0.0  # supervised: added to each row's own contradiction logit, log α [official code]
+
+
+# ---- Views
+
+def make_views(ids, mask):
+    """[B, C, L] columns -> [V*B, L], view-major. Unsupervised (C = 1): the sentence twice, so one forward pass
+    draws two independent dropout masks [paper §3]. Supervised: the C columns are the views."""
+    if ids.size(1) == 1:
+        ids, mask = ids.expand(-1, 2, -1), mask.expand(-1, 2, -1)  # [B, 2, L]
+    return ids.transpose(0, 1).flatten(0, 1), mask.transpose(0, 1).flatten(0, 1)  # [V*B, L]
+
+
+# ---- Heads
+
+class MLPHead(nn.Module):
+    """Linear(H, H) + tanh on [CLS], freshly initialised rather than BERT's NSP pooler, used in training only:
+    the test vector is the raw [CLS] [paper §3 fn. 9, Table 6; official code: mlp_only_train]."""
+
+    def __init__(self, hidden):
+        super().__init__()
+        self.dense = nn.Linear(hidden, hidden)
+        nn.init.normal_(self.dense.weight, std=0.02)  # [official code: init_weights]
+        nn.init.zeros_(self.dense.bias)
+
+    def forward(self, x):  # [N, H] -> [N, H]
+        return torch.tanh(self.dense(x))
+
+
+# ---- Loss
+
+def info_nce(h1, h2, temp, h3=None, hard_weight=0.0):
+    """Cross-entropy of cos(h1_i, h2_j)/τ over j with target j = i: one direction, j = i in the denominator
+    [paper Eq. 1; official code]. h1, h2 [B, H] pair row by row; h3 [B, H] are hard negatives (supervised)."""
+    h1, h2 = F.normalize(h1.float(), dim=-1), F.normalize(h2.float(), dim=-1)  # the softmax math in fp32
+    logits = h1 @ h2.T / temp  # [B, B]
+    if h3 is not None:
+        hard = h1 @ F.normalize(h3.float(), dim=-1).T / temp  # [B, B]
+        hard = hard + hard_weight * torch.eye(len(h1), device=h1.device)  # weight on the own contradiction only
+        logits = torch.cat([logits, hard], dim=1)  # [B, 2B]
+    return F.cross_entropy(logits, torch.arange(len(h1), device=h1.device))
+
+
+def loss_fn(h, temp, hard_weight=0.0):
+    """h [V, B, H], the head outputs of V = 2 views (3 with contradictions) -> (loss, stats)."""
+    loss = info_nce(h[0], h[1], temp, h[2] if len(h) > 2 else None, hard_weight)
+    return loss, {"loss": loss.detach()}
+
+
+# ---- Training step
+
+def train_step(model, head, ids, mask, cfg):
+    """One forward pass over all views stacked; dropout samples a fresh mask for every row."""
+    B = ids.size(0)
+    cls = model(*make_views(ids, mask))[:, 0]  # [V*B, H]
+    h = head(cls).view(-1, B, cls.size(-1))  # [V, B, H]
+    return loss_fn(h, cfg.temp, cfg.hard_weight)
+
+
+# ---- Training loop
+
+def train(cfg):
+    run = Run(cfg, "simcse", __file__)
+    tok, model = run.load_model()
+    head = MLPHead(model.cfg.hidden_size).to(run.device)
+    data = run.load_data(tok)
+    opt, sched = make_optimizer([*model.parameters(), *head.parameters()], cfg.lr, run.total_steps(len(data)),
+                                run.device)
+    run.evaluate(0, model)
+    model.train(), head.train()
+    for batch in run.batches(data, tok):
+        with autocast(run.device):
+            loss, stats = train_step(model, head, batch.ids, batch.mask, cfg)
+        optimizer_step(loss, opt, sched)
+        run.evaluate(batch.step, model, stats)
+    return run.finish(model, tok)
+
+
+# ---- CLI
+
+if __name__ == "__main__":
+    main_guard(train, parse_args(Config))

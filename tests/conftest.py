@@ -1,0 +1,45 @@
+"""Shared test fixtures: the real checkpoint and data in ../shared, found through environment variables.
+
+A test that needs them is skipped with a reason when they are not set, except in CI (SIMCSE_REQUIRE_DATA=1),
+where a missing path is an error, so nothing is silently skipped there.
+"""
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def _shared_path(var):
+    value = os.environ.get(var)
+    if value and Path(value).exists():
+        return Path(value)
+    if os.environ.get("SIMCSE_REQUIRE_DATA") == "1":
+        pytest.fail(f"{var} is not set to an existing path, and CI requires it")
+    pytest.skip(f"{var} not set (point it at ../shared, as .ci/run does)")
+
+
+@pytest.fixture(scope="session")
+def model_dir():
+    return _shared_path("SIMCSE_TEST_MODEL")
+
+
+@pytest.fixture(scope="session")
+def senteval_dir():
+    root = _shared_path("SIMCSE_SENTEVAL")
+    return root / "downstream" if (root / "downstream").is_dir() else root
+
+
+@pytest.fixture(scope="session")
+def wiki_path():
+    return _shared_path("SIMCSE_TEST_DATA")
+
+
+@pytest.fixture(scope="session")
+def minilm(model_dir):
+    import common
+    return common.Tokenizer.from_pretrained(model_dir), common.Bert.from_pretrained(model_dir).eval()
