@@ -18,6 +18,7 @@ import contextlib
 import copy
 import dataclasses
 import hashlib
+import http.client
 import inspect
 import json
 import math
@@ -115,8 +116,10 @@ class Tokenizer:
     @classmethod
     def from_pretrained(cls, name_or_dir):
         folder = resolve_model(name_or_dir)
+        if not (folder / "vocab.txt").is_file():
+            raise CheckpointError(f"{folder} has no vocab.txt: not a BERT (WordPiece) model folder")
         vocab = {}
-        for i, line in enumerate((folder / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]):
+        for i, line in enumerate((folder / "vocab.txt").read_text(encoding="utf-8").removesuffix("\n").split("\n")):
             vocab[line.rstrip("\r")] = i
         config_path = folder / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.exists() else {}
@@ -635,12 +638,17 @@ def download(url, dest, expected_sha256=None):
             expected_sha256 = expected_sha256 or (etag if re.fullmatch(r"[0-9a-f]{64}", etag) else None)
             with open(part, "ab" if have else "wb") as f:
                 done, shown = have, 0.0
-                while chunk := response.read(1 << 20):
-                    f.write(chunk)
-                    done += len(chunk)
-                    if time.time() - shown > 1 or done == total:
-                        shown = time.time()
-                        print(f"\r{dest.name}: {done / 1e6:.1f} / {total / 1e6:.1f} MB", end="", file=sys.stderr)
+                try:
+                    while chunk := response.read(1 << 20):
+                        f.write(chunk)
+                        done += len(chunk)
+                        if time.time() - shown > 1 or done == total:
+                            shown = time.time()
+                            print(f"\r{dest.name}: {done / 1e6:.1f} / {total / 1e6:.1f} MB", end="", file=sys.stderr)
+                except (OSError, http.client.HTTPException) as e:  # reset or timed out: keep the part to resume
+                    print(file=sys.stderr)
+                    raise UserError(f"download of {url} was cut at {done} of {total} bytes ({type(e).__name__}); "
+                                    f"run the same command again to resume") from None
             print(file=sys.stderr)
             if total and part.stat().st_size != total:
                 raise UserError(f"download of {url} was cut at {part.stat().st_size} of {total} bytes; "
@@ -684,16 +692,16 @@ def download_senteval(dest=CACHE / "senteval"):
     return dest / "downstream"
 
 
-def resolve_senteval(path):
+def resolve_senteval(path, mode="test"):
     """The SentEval 'downstream' folder: the given path (or its downstream/ child), else our cache, else download."""
     if path:
         p = Path(path).expanduser()
         root = p / "downstream" if (p / "downstream").is_dir() else p
-        check_senteval(root)
+        check_senteval(root, mode)
         return root
     for root in (Path("SentEval/data/downstream"), CACHE / "senteval" / "downstream"):
         if root.is_dir():
-            check_senteval(root)
+            check_senteval(root, mode)
             return root
     print("no SentEval data given (--senteval): downloading SimCSE's senteval.tar once", file=sys.stderr)
     return download_senteval()
@@ -1148,8 +1156,9 @@ def cli(argv=None):
 
 def run_eval(args):
     device = resolve_device(args.device)
-    root = resolve_senteval(args.senteval)
-    check_senteval(root, args.mode)
+    root = resolve_senteval(args.senteval, args.mode)
+    if args.json:
+        Path(args.json).expanduser().parent.mkdir(parents=True, exist_ok=True)  # fail before the run, not after
     tok, model = Tokenizer.from_pretrained(args.model), Bert.from_pretrained(args.model).to(device)
     results = evaluate_sts(model, tok, root, args.mode, args.pooler, args.batch_size)
     print(format_table(results))
