@@ -1,0 +1,61 @@
+"""A tiny, self-contained world for end-to-end tests: a 2-layer BERT folder (with and without an MLM head),
+a small training file and a SentEval folder in the real layout with a few pairs per file. Seconds on a CPU."""
+import random
+
+import torch
+
+import common
+
+WORDS = ("a man woman child dog cat is are the playing eating running guitar ball food on in with park "
+         "street house car big small red blue old young").split()
+
+
+def make_vocab():
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return list(common.SPECIAL_TOKENS) + WORDS + list(letters) + ["##" + c for c in letters] + [".", ","]
+
+
+def tokenizer():
+    return common.Tokenizer({t: i for i, t in enumerate(make_vocab())})
+
+
+def sentence(rng):
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))) + " ."
+
+
+def make_model(folder, mlm_head=False, seed=0):
+    torch.manual_seed(seed)
+    tok = tokenizer()
+    model = common.Bert(common.BertConfig.tiny(vocab_size=len(tok.vocab)), mlm_head=mlm_head)
+    model.save_pretrained(folder, tok)
+    return folder
+
+
+def make_senteval(root, n=8, seed=0):
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    pair = lambda: (sentence(rng), sentence(rng), f"{rng.uniform(0, 5):.2f}")  # noqa: E731
+    for rel in common.sts_files("test") + common.sts_files("dev"):
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rows = [pair() for _ in range(n)]
+        if "STS.input." in rel:
+            text = "".join(f"{a}\t{b}\n" for a, b, _ in rows)
+        elif "STS.gs." in rel:
+            text = "".join(f"{g}\n" for _, _, g in rows)
+        elif rel.endswith(".csv"):
+            text = "".join(f"genre\tfile\tyear\t{i:04d}\t{g}\t{a}\t{b}\n" for i, (a, b, g) in enumerate(rows))
+        else:
+            text = "pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\n" + \
+                   "".join(f"{i}\t{a}\t{b}\t{g}\tNEUTRAL\n" for i, (a, b, g) in enumerate(rows))
+        if not path.exists():
+            path.write_text(text)
+    return root
+
+
+def make_world(tmp):
+    rng = random.Random(1)
+    data = tmp / "train.txt"
+    data.write_text("".join(sentence(rng) + "\n" for _ in range(48)))
+    return dict(model=str(make_model(tmp / "model")), generator=str(make_model(tmp / "generator", mlm_head=True)),
+                data=str(data), senteval=str(make_senteval(tmp / "senteval")))
