@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+import tempfile
+
+os.environ["SIMCSE_CACHE"] = tempfile.mkdtemp(prefix="simcse-test-cache-")  # never the user's cache
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

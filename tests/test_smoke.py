@@ -69,3 +69,14 @@ def test_help_explains_every_flag():
     r = subprocess.run([sys.executable, "simcse_min.py", "--help"], capture_output=True, text=True,
                        cwd=common.Path(common.__file__).parent, timeout=60)
     assert r.returncode == 0 and "--temp" in r.stdout and "temperature" in r.stdout
+
+
+def test_token_cache_round_trip(world, tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "CACHE", tmp_path)
+    tok = common.Tokenizer.from_pretrained(world["model"])
+    first, _, hit1 = common.tokenize_file(tok, world["data"], 16)
+    second, _, hit2 = common.tokenize_file(tok, world["data"], 16)
+    assert (hit1, hit2) == (False, True) and len(first) == len(second) == 48
+    lines = common.read_lines(world["data"])
+    assert all(first[i] == second[i] == (tok.encode(lines[i], 16),) for i in range(len(lines)))
+    assert common.tokenize_file(tok, world["data"], 12)[2] is False  # another max_len is another entry
