@@ -1,0 +1,173 @@
+"""ESimCSE: the positive is the sentence with a few sub-words repeated; a momentum-encoder queue adds negatives.
+
+Wu, Gao, Zang, Han, Wang and Hu, "ESimCSE: Enhanced Sample Building Method for Contrastive Learning of Unsupervised
+Sentence Embedding", COLING 2022 (arXiv:2109.04380).
+
+Unlike simcse_min.py:
+- the positive view repeats a few random sub-words in place, so the two views differ in length (repeat_subwords);
+- a momentum encoder (an EMA of the encoder, dropout off) queues the last 160 sentence vectors: M more negatives in
+  every row's denominator (momentum_encoder, info_nce_with_queue); unsupervised only (no NLI CSV).
+
+    x⁺ = x with dup_len = randrange(min(10, int(dup_rate·L))) of its inner sub-words written twice in place
+    h_i, h_i⁺ = MLP(BERT(x_i)[CLS]), MLP(BERT(x_i⁺)[CLS]) under dropout;  q_m = MLP(BERT_m(x)[CLS]) of earlier steps
+    loss = -1/B sum_i log( e^{cos(h_i,h_i⁺)/τ} / (sum_j e^{cos(h_i,h_j⁺)/τ} + sum_m e^{cos(h_i,q_m)/τ}) )
+    θ_m <- μ·θ_m + (1 - μ)·θ after every step,   τ = 0.05,  μ = 0.995,  M = 160 = 2.5·B
+
+    python esimcse_min.py --data wiki1m_for_simcse.txt --device cuda
+"""
+import collections
+import copy
+import dataclasses
+import random
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from common import Run, UserError, autocast, main_guard, make_optimizer, optimizer_step, parse_args
+
+
+# ---- Config
+
+@dataclasses.dataclass
+class Config:
+    data: str = "wiki1m_for_simcse.txt"  # sentences, one per line; this name downloads
+    model: str = "bert-base-uncased"  # a model folder or known name [paper]
+    senteval: str = ""  # SentEval data folder; empty: ./SentEval/data/downstream, the cache, else a download
+    device: str = "auto"  # auto, cpu, cuda or mps
+    seed: int = 42  # [official run_unsup_example.sh]
+    batch_size: int = 64  # sentences per step [paper §4.2]
+    max_len: int = 32  # training length in tokens, [CLS] and [SEP] included [official run_unsup_example.sh]
+    lr: float = 3e-5  # peak learning rate, linear decay to 0 [paper §4.2: BERT-base; 1e-5 for the others]
+    epochs: int = 1  # [paper §4.2]
+    max_steps: int = 0  # stop after this many steps (0: all epochs)
+    temp: float = 0.05  # τ, the softmax temperature [paper]
+    eval_every: int = 125  # STS-B dev every this many steps [official code]
+    dropout: float = 0.1  # hidden and attention dropout [paper §4.2: 0.1 base, 0.15 large]
+    out_dir: str = "runs/esimcse"  # best model, log.txt and results.json
+    dup_rate: float = 0.32  # the most sub-words repeated, as a share of the length; 0: no repetition [paper Table 9]
+    queue_size: int = 160  # M, queued negatives, 2.5·B; 0: no queue and no momentum encoder [paper Table 10]
+    momentum: float = 0.995  # μ of the momentum encoder's EMA; 0: a dropout-off copy of the encoder [paper §4.2]
+
+
+# ---- Views
+
+def repeat_subwords(ids, mask, dup_rate, rng):
+    """ids, mask [B, L] -> [B, L'] with a few sub-words of each sentence written twice in place [paper §3.1].
+
+    The official rule, after truncation [official train.py, dup_type bpe]: L the real length with [CLS] and [SEP];
+    if int(dup_rate·L) > 0, dup_len = randrange(min(10, int(dup_rate·L))) positions from 1..L-2, no replacement
+    (the paper's Eq. 3 reads [0, max(2, int(dup_rate·L))]). [impl] Drawn every step; the official code draws once."""
+    index = []
+    for n in mask.sum(1).tolist():
+        k = int(dup_rate * n)
+        dup = rng.sample(range(1, n - 1), min(rng.randrange(min(10, k)), n - 2)) if k > 0 else []  # never [CLS]/[SEP]
+        index.append(sorted([*range(n), *dup]))  # each chosen position twice, side by side: [0, 1, 1, 2, ...]
+    width = max(len(i) for i in index)
+    new_mask = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i in index], device=mask.device)  # [B, L']
+    index = torch.tensor([i + [0] * (width - len(i)) for i in index], device=ids.device)  # [B, L']
+    return ids.gather(1, index) * new_mask, new_mask  # re-padded with 0, BERT's [PAD]
+
+
+def make_views(ids, mask, dup_rate, rng):
+    """[B, 1, L] sentences -> [2B, L'], view-major: the sentences, then their repeated copies (the positives), padded
+    to one width so one forward pass draws both dropout masks (padding does not change [CLS])."""
+    rep_ids, rep_mask = repeat_subwords(ids[:, 0], mask[:, 0], dup_rate, rng)  # [B, L']
+    pad = (0, rep_ids.size(1) - ids.size(2))
+    return torch.cat([F.pad(ids[:, 0], pad), rep_ids]), torch.cat([F.pad(mask[:, 0], pad), rep_mask])  # [2B, L']
+
+
+# ---- Heads
+
+class MLPHead(nn.Module):
+    """Linear(H, H) + tanh on [CLS], freshly initialised rather than BERT's NSP pooler, used in training only:
+    the test vector is the raw [CLS] [paper §3 fn. 9, Table 6; official code: mlp_only_train]."""
+
+    def __init__(self, hidden):
+        super().__init__()
+        self.dense = nn.Linear(hidden, hidden)
+        nn.init.normal_(self.dense.weight, std=0.02)  # [official code: init_weights]
+        nn.init.zeros_(self.dense.bias)
+
+    def forward(self, x):  # [N, H] -> [N, H]
+        return torch.tanh(self.dense(x))
+
+
+def momentum_encoder(model):
+    """The encoder that fills the queue, moved only by momentum_update [paper §3.2]; subtle: dropout off (eval mode)
+    [paper §1]. [impl] A copy of the pretrained encoder: the official code copies before the checkpoint loads, so
+    its momentum encoder starts from random weights (its logs list momentum_model.* as newly initialized)."""
+    return copy.deepcopy(model).eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def momentum_update(momentum, model, mu):
+    """θ_m <- μ·θ_m + (1 - μ)·θ [paper Eq. 5], once per step, after the optimizer step."""
+    params = list(momentum.parameters())
+    torch._foreach_mul_(params, mu)
+    torch._foreach_add_(params, torch._foreach_mul(list(model.parameters()), 1 - mu))
+
+
+# ---- Loss
+
+def info_nce_with_queue(h1, h2, queue, temp):
+    """Cross-entropy of [cos(h1_i, h2_j)/τ over j] ++ [cos(h1_i, q_m)/τ over m] with target j = i [paper Eq. 6;
+    official code]. h1, h2 [B, H] pair row by row; queue [M, H] (M may be 0) are extra negatives for every row."""
+    h1, h2 = F.normalize(h1.float(), dim=-1), F.normalize(h2.float(), dim=-1)  # the softmax math in fp32
+    logits = h1 @ h2.T / temp  # [B, B]
+    negatives = h1 @ F.normalize(queue.float(), dim=-1).T / temp  # [B, M], constants: the queue has no gradient
+    logits = torch.cat([logits, negatives], dim=1)  # [B, B + M]
+    return F.cross_entropy(logits, torch.arange(len(h1), device=h1.device))
+
+
+def loss_fn(h, queue, temp):
+    """h [2, B, H], the head outputs of the sentences and their repeated copies; queue [M, H] -> (loss, stats)."""
+    loss = info_nce_with_queue(h[0], h[1], queue, temp)
+    return loss, {"loss": loss.detach()}
+
+
+# ---- Training step
+
+def train_step(model, head, ids, mask, cfg, momentum, queue, rng):
+    """One forward pass over both views stacked, dropout on both; after the loss, the momentum encoder's vectors of
+    the batch join the queue (a deque: the oldest drop out), so a step sees earlier steps only [official code]."""
+    B = ids.size(0)
+    cls = model(*make_views(ids, mask, cfg.dup_rate, rng))[:, 0]  # [2B, H]
+    h = head(cls).view(-1, B, cls.size(-1))  # [2, B, H]
+    loss, stats = loss_fn(h, torch.stack([*queue]) if queue else h.new_zeros(0, h.size(-1)), cfg.temp)
+    if momentum is not None:  # the original sentences, through the online head, detached [official models.py]
+        queue.extend(head(momentum(ids[:, 0], mask[:, 0])[:, 0]).detach().float().unbind())  # B rows, newest last
+    return loss, stats
+
+
+# ---- Training loop
+
+def train(cfg):
+    run = Run(cfg, "esimcse", __file__)
+    tok, model = run.load_model()
+    head = MLPHead(model.cfg.hidden_size).to(run.device)
+    momentum = momentum_encoder(model) if cfg.queue_size > 0 else None  # no queue, no momentum encoder
+    data = run.load_data(tok)
+    if len(data[0]) > 1:
+        raise UserError(f"{cfg.data}: ESimCSE is unsupervised, one sentence per line (supervised: simcse_min.py)")
+    opt, sched = make_optimizer([*model.parameters(), *head.parameters()], cfg.lr, run.total_steps(len(data)),
+                                run.device)
+    rng, queue, epoch = random.Random(cfg.seed), collections.deque(maxlen=cfg.queue_size), 0
+    run.evaluate(0, model)
+    model.train(), head.train()
+    for batch in run.batches(data, tok):
+        if batch.epoch != epoch:  # the queue starts empty in every epoch [official trainers.py]
+            queue, epoch = collections.deque(maxlen=cfg.queue_size), batch.epoch
+        with autocast(run.device):
+            loss, stats = train_step(model, head, batch.ids, batch.mask, cfg, momentum, queue, rng)
+        optimizer_step(loss, opt, sched)
+        if momentum is not None:
+            momentum_update(momentum, model, cfg.momentum)
+        run.evaluate(batch.step, model, stats)
+    return run.finish(model, tok)
+
+
+# ---- CLI
+
+if __name__ == "__main__":
+    main_guard(train, parse_args(Config))
