@@ -1,0 +1,154 @@
+"""DiffCSE: the RTD loss against a loop, the masking statistics, the conditioning path and the frozen generator."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import common
+import diffcse_min
+from common import Bert, BertConfig, CheckpointError, make_optimizer, optimizer_step
+from diffcse_min import (BNProjector, Config, Discriminator, corrupt, info_nce, load_generator, loss_fn, mask_tokens,
+                         rtd_loss, train_step)
+
+TOK = common.Tokenizer({w: i for i, w in enumerate([*common.SPECIAL_TOKENS, *(f"w{i}" for i in range(123))])})
+SPECIAL = (TOK.cls_id, TOK.sep_id)
+
+
+def sentences(B, L, seed=0, vocab=128):
+    """[CLS] w... [SEP] then padding: ids, mask [B, L] with lengths from 3 to L."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(3, L + 1, (B,), generator=g)
+    ids = torch.randint(5, vocab, (B, L), generator=g)
+    mask = (torch.arange(L) < lengths[:, None]).long()
+    ids[:, 0] = TOK.cls_id
+    ids[torch.arange(B), lengths - 1] = TOK.sep_id
+    return ids * mask, mask  # [PAD] is id 0
+
+
+def tiny_models(seed=0):
+    torch.manual_seed(seed)
+    model = Bert(BertConfig.tiny())
+    disc = Discriminator(copy.deepcopy(model))
+    generator = Bert(BertConfig.tiny(), mlm_head=True).requires_grad_(False)
+    return model, BNProjector(model.cfg.hidden_size), disc, generator
+
+
+def test_rtd_loss_equals_loop_and_gradcheck():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 2, dtype=torch.double, requires_grad=True)
+    labels = torch.randint(0, 2, (3, 5))
+    ref = sum(-torch.log_softmax(logits[n, t], -1)[labels[n, t]] for n in range(3) for t in range(5)) / 15
+    torch.testing.assert_close(rtd_loss(logits, labels), ref)
+    g, = torch.autograd.grad(rtd_loss(logits, labels), logits)
+    g_ref, = torch.autograd.grad(ref, logits)
+    torch.testing.assert_close(g, g_ref)
+    assert torch.autograd.gradcheck(lambda x: rtd_loss(x, labels), (logits,))
+
+
+def test_lambda_zero_is_info_nce_and_stats_count_real_tokens():
+    torch.manual_seed(0)
+    h, logits = torch.randn(2, 4, 8), torch.randn(8, 6, 2)
+    labels = torch.randint(0, 2, (8, 6))
+    mask = torch.ones(8, 6, dtype=torch.long)
+    mask[:, 4:] = 0
+    labels = labels * mask
+    loss, stats = loss_fn(h, logits, labels, mask, 0.05, 0.0)
+    torch.testing.assert_close(loss, info_nce(h[0], h[1], 0.05))
+    loss1, _ = loss_fn(h, logits, labels, mask, 0.05, 0.5)
+    torch.testing.assert_close(loss1, loss + 0.5 * F.cross_entropy(logits.view(-1, 2), labels.view(-1)))
+    pred, real = logits.argmax(-1), mask.bool()
+    rep, kept = real & (labels == 1), real & (labels == 0)
+    assert stats["acc_replaced"] == pytest.approx((pred[rep] == 1).float().mean().item())
+    assert stats["acc_kept"] == pytest.approx((pred[kept] == 0).float().mean().item())
+    assert stats["replaced"] == pytest.approx(rep.sum().item() / real.sum().item())
+
+
+def test_mask_tokens_statistics():
+    ids, mask = sentences(512, 48, seed=1, vocab=30522)
+    maskable = mask.bool() & (ids != TOK.cls_id) & (ids != TOK.sep_id)
+    gen = torch.Generator().manual_seed(0)
+    n = chosen_n = to_mask = to_random = 0
+    for _ in range(6):
+        out, chosen = mask_tokens(ids, mask, 0.30, TOK.mask_id, 30522, SPECIAL, gen)
+        assert not (chosen & ~maskable).any(), "a special token or padding was chosen"
+        assert torch.equal(out[~maskable], ids[~maskable]) and torch.equal(out[~chosen], ids[~chosen])
+        n, chosen_n = n + maskable.sum().item(), chosen_n + chosen.sum().item()
+        to_mask += (chosen & (out == TOK.mask_id)).sum().item()
+        to_random += (chosen & (out != TOK.mask_id) & (out != ids)).sum().item()
+    assert abs(chosen_n / n - 0.30) < 0.01
+    assert abs(to_mask / chosen_n - 0.8) < 0.02 and abs(to_random / chosen_n - 0.1) < 0.02
+    assert abs(1 - (to_mask + to_random) / chosen_n - 0.1) < 0.02  # kept as they were
+
+
+def test_mask_tokens_seeded_and_each_view_on_its_own():
+    ids, mask = sentences(4, 20, seed=2)
+    views = ids.repeat(2, 1), mask.repeat(2, 1)  # the same sentences twice, as make_views stacks them
+    a, ca = mask_tokens(*views, 0.3, TOK.mask_id, 128, SPECIAL, torch.Generator().manual_seed(7))
+    b, cb = mask_tokens(*views, 0.3, TOK.mask_id, 128, SPECIAL, torch.Generator().manual_seed(7))
+    assert torch.equal(a, b) and torch.equal(ca, cb)
+    assert not torch.equal(ca[:4], ca[4:]), "both views got the same mask"
+
+
+def test_corrupt_restores_cls_keeps_pads_and_labels_changes():
+    _, _, _, generator = tiny_models()
+    ids, mask = sentences(6, 12, seed=3)
+    cfg = Config(mask_ratio=0.3)
+    x2, labels = corrupt(generator, ids, mask, cfg, TOK, torch.Generator().manual_seed(0))
+    assert torch.equal(x2[:, 0], ids[:, 0]) and torch.equal(x2[mask == 0], ids[mask == 0])
+    assert torch.equal(labels, (x2 != ids).long()) and not labels[mask == 0].any() and labels.any()
+
+
+def test_discriminator_reads_h_at_position_0():
+    _, _, disc, _ = tiny_models()
+    disc.eval()
+    ids, mask = sentences(3, 10, seed=4)
+    h = torch.randn(3, 32)
+    other = ids.clone()
+    other[:, 0] = 7  # whatever token sits at position 0 is overwritten by h
+    torch.testing.assert_close(disc(ids, mask, h), disc(other, mask, h))
+    assert not torch.allclose(disc(ids, mask, h), disc(ids, mask, h + 1))
+
+
+def test_rtd_gradient_reaches_encoder_through_projector(monkeypatch):
+    monkeypatch.setattr(diffcse_min, "info_nce", lambda h1, h2, temp: 0.0 * h1.sum())  # loss = λ·RTD alone
+    model, head, disc, generator = tiny_models()
+    ids, mask = sentences(8, 10, seed=5)
+    loss, stats = train_step(model, head, ids[:, None], mask[:, None], Config(lambda_rtd=0.005), disc, generator,
+                             TOK, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(loss, 0.005 * stats["rtd"])
+    loss.backward()
+    for name, p in [*model.named_parameters(), *head.named_parameters()]:
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_generator_frozen_over_a_training_step():
+    model, head, disc, generator = tiny_models()
+    before = copy.deepcopy(generator.state_dict())
+    modules = (model, head, disc, generator)
+    opt, sched = make_optimizer([p for m in modules for p in m.parameters()], 1e-3, 10, torch.device("cpu"))
+    ids, mask = sentences(8, 10, seed=6)
+    loss, _ = train_step(model, head, ids[:, None], mask[:, None], Config(), disc, generator, TOK,
+                         torch.Generator().manual_seed(0))
+    enc_before = copy.deepcopy(model.state_dict())
+    optimizer_step(loss, opt, sched)
+    assert all(not p.requires_grad and p.grad is None for p in generator.parameters())
+    assert all(torch.equal(before[k], v) for k, v in generator.state_dict().items())
+    assert any(not torch.equal(enc_before[k], v) for k, v in model.state_dict().items()), "the encoder did not move"
+
+
+def test_generator_checkpoint_without_mlm_head_is_a_clear_error(tmp_path):
+    torch.manual_seed(0)
+    Bert(BertConfig.tiny()).save_pretrained(tmp_path / "encoder", TOK)
+    with pytest.raises(CheckpointError, match="generator must be a masked language model.*no masked-LM head"):
+        load_generator(tmp_path / "encoder", TOK)
+    Bert(BertConfig.tiny(), mlm_head=True).save_pretrained(tmp_path / "mlm", TOK)
+    generator = load_generator(tmp_path / "mlm", TOK)
+    assert generator.mlm is not None and not any(p.requires_grad for p in generator.parameters())
+
+
+def test_generator_with_another_vocabulary_is_refused(tmp_path):
+    other = common.Tokenizer({w: i for i, w in enumerate([*common.SPECIAL_TOKENS, *(f"v{i}" for i in range(123))])})
+    Bert(BertConfig.tiny(), mlm_head=True).save_pretrained(tmp_path / "mlm", other)
+    with pytest.raises(common.UserError, match="vocabulary"):
+        load_generator(tmp_path / "mlm", TOK)
