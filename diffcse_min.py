@@ -136,10 +136,10 @@ def load_generator(name, tok):
 def info_nce(h1, h2, temp, h3=None, hard_weight=0.0):
     """Cross-entropy of cos(h1_i, h2_j)/τ over j with target j = i: one direction, j = i in the denominator
     [paper Eq. 1; official code]. h1, h2 [B, H] pair row by row; h3 [B, H] are hard negatives (supervised)."""
-    h1, h2 = F.normalize(h1.float(), dim=-1), F.normalize(h2.float(), dim=-1)  # the softmax math in fp32
+    h1, h2 = F.normalize(h1, dim=-1), F.normalize(h2, dim=-1)  # [B, H] each
     logits = h1 @ h2.T / temp  # [B, B]
     if h3 is not None:
-        hard = h1 @ F.normalize(h3.float(), dim=-1).T / temp  # [B, B]
+        hard = h1 @ F.normalize(h3, dim=-1).T / temp  # [B, B]
         hard = hard + hard_weight * torch.eye(len(h1), device=h1.device)  # weight on the own contradiction only
         logits = torch.cat([logits, hard], dim=1)  # [B, 2B]
     return F.cross_entropy(logits, torch.arange(len(h1), device=h1.device))
@@ -172,8 +172,9 @@ def train_step(model, head, ids, mask, cfg, disc, generator, tok, gen):
     ids, mask = make_views(ids, mask)  # [2B, L]
     h = head(model(ids, mask)[:, 0])  # [2B, H]
     corrupted, labels = corrupt(generator, ids, mask, cfg, tok, gen)  # [2B, L]
-    logits = disc(corrupted, mask, h).float()  # [2B, L, 2], with gradient into h: the conditioning; fp32 softmax
-    return loss_fn(h.view(2, B, -1), logits, labels, mask, cfg.temp, cfg.lambda_rtd)
+    logits = disc(corrupted, mask, h)  # [2B, L, 2], with gradient into h: the conditioning
+    with torch.autocast(h.device.type, enabled=False):  # the similarity/softmax math in fp32 [DESIGN]
+        return loss_fn(h.view(2, B, -1).float(), logits.float(), labels, mask, cfg.temp, cfg.lambda_rtd)
 
 
 # ---- Training loop

@@ -113,9 +113,9 @@ def momentum_update(momentum, model, mu):
 def info_nce_with_queue(h1, h2, queue, temp):
     """Cross-entropy of [cos(h1_i, h2_j)/τ over j] ++ [cos(h1_i, q_m)/τ over m] with target j = i [paper Eq. 6;
     official code]. h1, h2 [B, H] pair row by row; queue [M, H] (M may be 0) are extra negatives for every row."""
-    h1, h2 = F.normalize(h1.float(), dim=-1), F.normalize(h2.float(), dim=-1)  # the softmax math in fp32
+    h1, h2 = F.normalize(h1, dim=-1), F.normalize(h2, dim=-1)  # [B, H] each
     logits = h1 @ h2.T / temp  # [B, B]
-    negatives = h1 @ F.normalize(queue.float(), dim=-1).T / temp  # [B, M], constants: the queue has no gradient
+    negatives = h1 @ F.normalize(queue, dim=-1).T / temp  # [B, M], constants: the queue has no gradient
     logits = torch.cat([logits, negatives], dim=1)  # [B, B + M]
     return F.cross_entropy(logits, torch.arange(len(h1), device=h1.device))
 
@@ -134,7 +134,9 @@ def train_step(model, head, ids, mask, cfg, momentum, queue, rng):
     B = ids.size(0)
     cls = model(*make_views(ids, mask, cfg.dup_rate, rng))[:, 0]  # [2B, H]
     h = head(cls).view(-1, B, cls.size(-1))  # [2, B, H]
-    loss, stats = loss_fn(h, torch.stack([*queue]) if queue else h.new_zeros(0, h.size(-1)), cfg.temp)
+    queued = torch.stack([*queue]) if queue else h.new_zeros(0, h.size(-1), dtype=torch.float)  # [M, H], fp32
+    with torch.autocast(h.device.type, enabled=False):  # the similarity/softmax math in fp32 [DESIGN]
+        loss, stats = loss_fn(h.float(), queued, cfg.temp)
     if momentum is not None:  # the original sentences, through the online head, detached [official models.py]
         queue.extend(head(momentum(ids[:, 0], mask[:, 0])[:, 0]).detach().float().unbind())  # B rows, newest last
     return loss, stats

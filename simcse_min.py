@@ -73,10 +73,10 @@ class MLPHead(nn.Module):
 def info_nce(h1, h2, temp, h3=None, hard_weight=0.0):
     """Cross-entropy of cos(h1_i, h2_j)/τ over j with target j = i: one direction, j = i in the denominator
     [paper Eq. 1; official code]. h1, h2 [B, H] pair row by row; h3 [B, H] are hard negatives (supervised)."""
-    h1, h2 = F.normalize(h1.float(), dim=-1), F.normalize(h2.float(), dim=-1)  # the softmax math in fp32
+    h1, h2 = F.normalize(h1, dim=-1), F.normalize(h2, dim=-1)  # [B, H] each
     logits = h1 @ h2.T / temp  # [B, B]
     if h3 is not None:
-        hard = h1 @ F.normalize(h3.float(), dim=-1).T / temp  # [B, B]
+        hard = h1 @ F.normalize(h3, dim=-1).T / temp  # [B, B]
         hard = hard + hard_weight * torch.eye(len(h1), device=h1.device)  # weight on the own contradiction only
         logits = torch.cat([logits, hard], dim=1)  # [B, 2B]
     return F.cross_entropy(logits, torch.arange(len(h1), device=h1.device))
@@ -95,7 +95,8 @@ def train_step(model, head, ids, mask, cfg):
     B = ids.size(0)
     cls = model(*make_views(ids, mask))[:, 0]  # [V*B, H]
     h = head(cls).view(-1, B, cls.size(-1))  # [V, B, H]
-    return loss_fn(h, cfg.temp, cfg.hard_weight)
+    with torch.autocast(h.device.type, enabled=False):  # the similarity/softmax math in fp32 [DESIGN]
+        return loss_fn(h.float(), cfg.temp, cfg.hard_weight)
 
 
 # ---- Training loop

@@ -95,7 +95,7 @@ class MLPHead(nn.Module):
 def info_nce(h1, h2, temp):
     """Cross-entropy of cos(h1_i, h2_j)/τ over j with target j = i: one direction, j = i in the denominator
     [SimCSE Eq. 1; official code]. h1, h2 [B, H] pair row by row."""
-    h1, h2 = F.normalize(h1.float(), dim=-1), F.normalize(h2.float(), dim=-1)  # the softmax math in fp32
+    h1, h2 = F.normalize(h1, dim=-1), F.normalize(h2, dim=-1)  # [B, H] each
     logits = h1 @ h2.T / temp  # [B, B]
     return F.cross_entropy(logits, torch.arange(len(h1), device=h1.device))
 
@@ -123,7 +123,6 @@ def dcl_loss(h1, h2, temp_dcl):
 
 def loss_fn(h, temp, m, lambda_dcl, temp_dcl):
     """h [V, B, H], the head outputs of the 2 dropout views (3: then the dropout-off pass h0) -> (loss, stats)."""
-    h = h.float()  # the similarity/softmax math in fp32
     nce = off_dropout_nce(h[0], h[1], h[2], temp, m) if len(h) > 2 else info_nce(h[0], h[1], temp)
     dcl = dcl_loss(h[0], h[1], temp_dcl)  # on the dropout views [official code]
     loss = nce + lambda_dcl * dcl
@@ -141,7 +140,8 @@ def train_step(model, head, ids, mask, cfg):
         with dropout_off(model):
             cls = torch.cat([cls, model(ids[:, 0], mask[:, 0])[:, 0]])  # [3*B, H]
     h = head(cls).view(-1, B, cls.size(-1))  # [V, B, H]
-    return loss_fn(h, cfg.temp, cfg.m, cfg.lambda_dcl, cfg.temp_dcl)
+    with torch.autocast(h.device.type, enabled=False):  # the similarity/softmax math in fp32 [DESIGN]
+        return loss_fn(h.float(), cfg.temp, cfg.m, cfg.lambda_dcl, cfg.temp_dcl)
 
 
 # ---- Training loop

@@ -40,18 +40,12 @@ def test_info_nce_matches_loop_values_and_gradients(hard):
 
 
 def test_info_nce_gradcheck():
-    # info_nce casts to float32 for the softmax (as under autocast); gradcheck needs float64 throughout
     torch.manual_seed(0)
     h1, h2, h3 = (torch.randn(3, 5, dtype=torch.float64, requires_grad=True) for _ in range(3))
     f64 = lambda a, b, c: info_nce_loop(a, b, 0.5, c, 0.3)  # noqa: E731  the oracle is differentiable ...
     assert torch.autograd.gradcheck(f64, (h1, h2, h3))
-    orig_float = torch.Tensor.float
-    try:  # ... and ours, with its fp32 cast made a no-op so the check runs in float64
-        torch.Tensor.float = lambda self: self
-        assert torch.autograd.gradcheck(lambda a, b, c: info_nce(a, b, 0.5, c, 0.3), (h1, h2, h3))
-        assert torch.autograd.gradcheck(lambda a, b: info_nce(a, b, 0.5), (h1, h2))
-    finally:
-        torch.Tensor.float = orig_float
+    assert torch.autograd.gradcheck(lambda a, b, c: info_nce(a, b, 0.5, c, 0.3), (h1, h2, h3))  # ... and ours
+    assert torch.autograd.gradcheck(lambda a, b: info_nce(a, b, 0.5), (h1, h2))
 
 
 @pytest.mark.parametrize("B", [2, 4, 16])
@@ -107,3 +101,20 @@ def test_loss_falls_on_a_repeated_batch():
         losses.append(loss.item())
         common.optimizer_step(loss, opt, sched)
     assert max(losses[-10:]) < math.log(16) - 1.0, losses  # well below chance, log B
+
+
+def test_loss_math_runs_in_fp32_under_bf16_autocast(monkeypatch):
+    # DESIGN: bf16 autocast for the encoder, the similarity/softmax math in fp32. Under autocast a matmul of fp32
+    # tensors still runs in bf16, so train_step must switch autocast off around loss_fn, not only upcast.
+    import simcse_min
+    tok, seen = tokenizer(), {}
+    model, head = common.Bert(common.BertConfig.tiny(vocab_size=len(tok.vocab))), MLPHead(32)
+    ids, mask = tok(["a man is playing a guitar .", "the cat sat on the mat .", "rain falls ."])
+
+    def spy(h, *args):
+        seen.update(dtype=h.dtype, autocast=torch.is_autocast_enabled("cpu"))
+        return loss_fn(h, *args)
+    monkeypatch.setattr(simcse_min, "loss_fn", spy)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, _ = train_step(model, head, ids[:, None], mask[:, None], Config())
+    assert seen == {"dtype": torch.float32, "autocast": False} and loss.dtype == torch.float32
