@@ -10,7 +10,7 @@ Not here: heads, views, losses or anything else that belongs to one method (thos
     ids, mask = tok(["a man is playing a guitar .", "a woman is slicing an onion ."])   # [2, L] each
     cls = model(ids, mask)[:, 0]                                                          # [2, 768]
 
-Command line: `python common.py --help` (eval, download).
+Command line: `python common.py --help` (eval, download, analyze).
 """
 import argparse
 import collections
@@ -34,6 +34,7 @@ import time
 import unicodedata
 import urllib.error
 import urllib.request
+import xml.sax.saxutils
 from pathlib import Path
 
 import numpy as np
@@ -959,16 +960,270 @@ def format_table(results):
 
 
 class DevSet:
-    """STS-B dev, tokenized once: the fast checkpoint-selection score used during training (3,000 sentences)."""
+    """STS-B dev, tokenized once: the fast checkpoint-selection score used during training (3,000 sentences).
+
+    `score` also leaves (alignment, uniformity) of the same vectors in `align_uniform` (see Analysis)."""
 
     def __init__(self, tok, root, max_len=512):
         a, b, self.gold = load_sts_split(root, "STSBenchmark", "dev")
         self.tok, self.ids = tok, [tok.encode(s, max_len) for s in a + b]
+        self.distinct, self.align_uniform = distinct_indices(a + b), (math.nan, math.nan)
 
     def score(self, model):
         vectors = encode_sentences(model, self.tok, None, "cls", 256, id_lists=self.ids)  # [3000, H]
         n = len(self.gold)
+        self.align_uniform = align_uniform(vectors[:n], vectors[n:], self.gold, vectors[self.distinct])
         return 100 * scipy.stats.spearmanr(cosine(vectors[:n], vectors[n:]), self.gold)[0]
+
+
+# --- Analysis: alignment/uniformity, singular values, similarity by gold score --------------------------------
+
+POSITIVE_GOLD = 4.0  # STS-B pairs with a gold score > 4 are the positive pairs [SimCSE §5 fn. 3; DiffCSE Table 11]
+SCORE_GROUPS = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]  # the 5 gold-score groups of [SimCSE App. G]; edges ours
+
+
+def alignment(x, y):  # x, y [N, H] positive pairs -> E ||x - y||^2 of the L2-normalised vectors (lower is better)
+    x, y = F.normalize(x.double(), dim=-1), F.normalize(y.double(), dim=-1)
+    return (x - y).pow(2).sum(-1).mean().item()  # [Wang & Isola 2020, Eq. 2]; NaN when there is no pair
+
+
+def uniformity(x):  # x [N, H] -> log E exp(-2 ||x_i - x_j||^2) over distinct pairs i < j (lower is better)
+    x = F.normalize(x.double(), dim=-1)
+    return torch.pdist(x).pow(2).mul(-2).exp().mean().log().item()  # pdist: i < j only [Wang & Isola's code]
+
+
+def align_uniform(a, b, gold, distinct):  # a, b [N, H] pair vectors, gold [N], distinct [M, H] -> (align, uniform)
+    positive = torch.as_tensor(np.asarray(gold) > POSITIVE_GOLD)  # [N] bool
+    return alignment(a[positive], b[positive]), uniformity(distinct)
+
+
+def distinct_indices(sentences):
+    """Index of the first occurrence of each distinct sentence: uniformity counts a repeated sentence once."""
+    first = {}
+    for i, s in enumerate(sentences):
+        first.setdefault(s, i)
+    return sorted(first.values())
+
+
+def singular_values(x):  # x [N, H] -> [min(N, H)], descending, the largest = 1 [SimCSE App. F]
+    """Singular values of the matrix of L2-normalised rows (not mean-centred: the shared direction of an
+    anisotropic space is what the spectrum should show), divided by the largest."""
+    s = torch.linalg.svdvals(F.normalize(x.double(), dim=-1))
+    return (s / s[0]).numpy()
+
+
+def similarity_by_score(sims, gold):
+    """Cosine statistics per gold-score group (0-1, ..., 4-5; the last group includes 5) [SimCSE App. G]."""
+    sims, gold = np.asarray(sims, dtype=float), np.asarray(gold, dtype=float)
+    groups = []
+    for lo, hi in SCORE_GROUPS:
+        s = sims[(gold >= lo) & ((gold < hi) if hi < 5 else (gold <= hi))]
+        q = np.quantile(s, [0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0]).tolist() if len(s) else [math.nan] * 7
+        groups.append({"group": f"{lo}-{hi}", "count": len(s), "mean": float(s.mean()) if len(s) else math.nan,
+                       "std": float(s.std()) if len(s) else math.nan,
+                       **dict(zip(["min", "q05", "q25", "median", "q75", "q95", "max"], q))})
+    return groups
+
+
+def analyze_model(model, tok, root, pooler="cls", split="test", batch_size=128):
+    """Alignment (pairs with gold > 4), uniformity (distinct sentences), the singular values and the cosine
+    statistics per gold group, all on one STS-B split, with the vectors of `eval` (same pooler)."""
+    a, b, gold = load_sts_split(root, "STSBenchmark", split)
+    unique = sorted(set(a + b))
+    index = {s: i for i, s in enumerate(unique)}
+    vectors = encode_sentences(model, tok, unique, pooler, batch_size)  # [M, H]
+    va, vb = vectors[[index[s] for s in a]], vectors[[index[s] for s in b]]  # [N, H] each
+    align, uniform = align_uniform(va, vb, gold, vectors)
+    sims = cosine(va, vb)  # [N]
+    return {"split": f"STS-B {split}", "pooler": pooler, "pairs": len(gold),
+            "positive_pairs": int((gold > POSITIVE_GOLD).sum()), "sentences": len(unique),
+            "alignment": align, "uniformity": uniform, "stsb_spearman": 100 * scipy.stats.spearmanr(sims, gold)[0],
+            "singular_values": singular_values(vectors).tolist(),
+            "similarity_by_score": similarity_by_score(sims, gold)}
+
+
+# --- Figures: a small SVG writer and the three analysis plots (no plotting dependency) ---------------------------
+
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")  # matplotlib's tab10
+
+
+class SVG:
+    """Just enough SVG for line, point and box plots: each element is one string; `source()` is the file."""
+
+    def __init__(self, width, height):
+        self.width, self.height, self.items = width, height, []
+
+    def add(self, tag, content="", **attrs):  # attribute names: stroke_width -> stroke-width; None values dropped
+        attrs = " ".join(f'{k.replace("_", "-")}="{_svg_value(v)}"' for k, v in attrs.items() if v is not None)
+        escaped = xml.sax.saxutils.escape(content)
+        self.items.append(f"<{tag} {attrs}>{escaped}</{tag}>" if content else f"<{tag} {attrs}/>")
+
+    def line(self, x1, y1, x2, y2, stroke="#000", width=1, dash=None):
+        self.add("line", x1=x1, y1=y1, x2=x2, y2=y2, stroke=stroke, stroke_width=width, stroke_dasharray=dash)
+
+    def polyline(self, points, stroke, width=1.5, dash=None):
+        self.add("polyline", points=" ".join(f"{x:.1f},{y:.1f}" for x, y in points), fill="none", stroke=stroke,
+                 stroke_width=width, stroke_dasharray=dash, stroke_linejoin="round")
+
+    def circle(self, x, y, r, fill, stroke=None, width=1):
+        self.add("circle", cx=x, cy=y, r=r, fill=fill, stroke=stroke, stroke_width=width if stroke else None)
+
+    def rect(self, x, y, w, h, fill="none", stroke="#000", width=1, opacity=None):
+        self.add("rect", x=x, y=y, width=w, height=h, fill=fill, fill_opacity=opacity, stroke=stroke,
+                 stroke_width=width)
+
+    def text(self, x, y, s, size=12, anchor="middle", rotate=False, weight=None, fill="#000"):
+        self.add("text", str(s), x=x, y=y, font_size=size, text_anchor=anchor, font_weight=weight, fill=fill,
+                 font_family="sans-serif", transform=f"rotate(-90 {x:.1f} {y:.1f})" if rotate else None)
+
+    def source(self):
+        return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{self.width}" height="{self.height}" '
+                f'viewBox="0 0 {self.width} {self.height}">\n<rect width="100%" height="100%" fill="#fff"/>\n'
+                + "\n".join(self.items) + "\n</svg>\n")
+
+    def save(self, path):
+        with atomic_write(path) as f:
+            f.write(self.source())
+
+
+def _svg_value(v):
+    return f"{v:.1f}" if isinstance(v, float) else xml.sax.saxutils.escape(str(v), {'"': "&quot;"})
+
+
+def nice_ticks(lo, hi, n=5):
+    """About n round values (1, 2 or 5 x 10^k apart) inside [lo, hi]."""
+    raw = (hi - lo) / n
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw * 0.999)
+    first = math.ceil(lo / step - 1e-9) * step
+    digits = max(0, -math.floor(math.log10(step) + 1e-9))
+    return [(first + i * step, f"{first + i * step:.{digits}f}") for i in range(int((hi - first) / step + 1e-9) + 1)]
+
+
+class Axes:
+    """A plotting rectangle of an SVG: data -> pixels (linear, or log10 on y), frame, grid, ticks, labels, legend."""
+
+    def __init__(self, svg, box, xlim, ylim, ylog=False):
+        self.svg, (self.left, self.top, self.w, self.h) = svg, box
+        self.xlim, self.ylim, self.ylog = xlim, ylim, ylog
+
+    def px(self, x):
+        lo, hi = self.xlim
+        return self.left + (x - lo) / (hi - lo) * self.w
+
+    def py(self, y):
+        lo, hi = self.ylim
+        if self.ylog:
+            lo, hi, y = math.log10(lo), math.log10(hi), math.log10(y)
+        return self.top + self.h - (y - lo) / (hi - lo) * self.h
+
+    def yticks(self):
+        if not self.ylog:
+            return nice_ticks(*self.ylim)
+        lo, hi = (math.log10(v) for v in self.ylim)
+        return [(10.0 ** k, f"{10.0 ** k:g}") for k in range(math.ceil(lo - 1e-9), math.floor(hi + 1e-9) + 1)]
+
+    def frame(self, title, xlabel, ylabel, xticks=None, xgrid=True):
+        s, bottom = self.svg, self.top + self.h
+        for t, label in self.yticks():
+            s.line(self.left, self.py(t), self.left + self.w, self.py(t), "#e0e0e0")
+            s.line(self.left - 4, self.py(t), self.left, self.py(t))
+            s.text(self.left - 7, self.py(t) + 4, label, 11, "end")
+        for t, label in xticks or nice_ticks(*self.xlim):
+            if xgrid:
+                s.line(self.px(t), self.top, self.px(t), bottom, "#e0e0e0")
+            s.line(self.px(t), bottom, self.px(t), bottom + 4)
+            for i, part in enumerate(label.split("\n")):
+                s.text(self.px(t), bottom + 17 + 13 * i, part, 11)
+        s.rect(self.left, self.top, self.w, self.h)
+        s.text(self.left + self.w / 2, self.top - 14, title, 14, weight="bold")
+        s.text(self.left + self.w / 2, bottom + (58 if xticks else 40), xlabel, 12)
+        s.text(self.left - 52, self.top + self.h / 2, ylabel, 12, rotate=True)
+
+    def legend(self, entries, x, y):
+        """entries: (label, color, kind) with kind 'line', 'point' or 'box'; drawn from (x, y) down, boxed."""
+        width = 40 + 6.5 * max(len(label) for label, _, _ in entries)
+        self.svg.rect(x - 6, y - 12, width, 18 * len(entries) + 6, fill="#fff", stroke="#999")
+        for i, (label, color, kind) in enumerate(entries):
+            yy = y + 18 * i
+            if kind == "line":
+                self.svg.line(x, yy, x + 22, yy, color, 2)
+            elif kind == "box":
+                self.svg.rect(x + 4, yy - 6, 14, 12, fill=color, stroke="#000", opacity=0.5)
+            else:
+                self.svg.circle(x + 11, yy, 5, color, "#000")
+            self.svg.text(x + 30, yy + 4, label, 11, "start")
+
+
+def _limits(values, pad=0.08):
+    lo, hi = min(values), max(values)
+    span = (hi - lo) or abs(hi) or 1.0
+    return lo - pad * span, hi + pad * span
+
+
+def plot_plane(models, runs, path):
+    """Alignment (y) against uniformity (x) on STS-B dev, lower-left is better [SimCSE Fig. 2]: one point per model
+    and each training run's trajectory through its evaluations (dev, where training measured them)."""
+    pts = [(m["dev"]["uniformity"], m["dev"]["alignment"]) for m in models]
+    traj = [[(u, a) for _, a, u in r["align_uniform"] if a is not None and u is not None] for r in runs]
+    xs, ys = zip(*(pts + [p for t in traj for p in t]))
+    svg = SVG(820, 500)
+    ax = Axes(svg, (80, 40, 440, 390), _limits(xs), _limits(ys))
+    ax.frame("Alignment vs uniformity, STS-B dev", "uniformity  log E exp(-2‖x − y‖²)  (lower is better)",
+             "alignment  E‖x − x⁺‖²  (lower is better)")
+    for r, t in zip(runs, traj):
+        svg.polyline([(ax.px(u), ax.py(a)) for u, a in t], r["color"], 1.5, dash="5,3")
+        for u, a in t[1:]:
+            svg.circle(ax.px(u), ax.py(a), 2.5, r["color"])
+    for m, (u, a) in zip(models, pts):
+        svg.circle(ax.px(u), ax.py(a), 6, m["color"], "#000")
+    entries = [(m["name"], m["color"], "point") for m in models]
+    entries += [(f"{r['name']}: steps {r['align_uniform'][0][0]}→{r['align_uniform'][-1][0]}", r["color"], "line")
+                for r in runs]
+    ax.legend(entries, 545, 52)
+    svg.save(path)
+
+
+def plot_singular_values(models, path):
+    """Normalised singular values of the STS-B test embedding matrix, log scale [SimCSE App. F]: flatter is more
+    isotropic."""
+    curves = [np.maximum(np.asarray(m["test"]["singular_values"]), 1e-6) for m in models]
+    low = 10 ** math.floor(math.log10(min(c.min() for c in curves)))
+    n = max(len(c) for c in curves)
+    svg = SVG(820, 460)
+    ax = Axes(svg, (80, 40, 440, 350), (1, n), (low, 1.0), ylog=True)
+    ax.frame("Singular values of the embedding matrix, STS-B test", "index (descending)",
+             "singular value / largest")
+    for m, c in zip(models, curves):
+        svg.polyline([(ax.px(i + 1), ax.py(v)) for i, v in enumerate(c)], m["color"], 1.8)
+    ax.legend([(m["name"], m["color"], "line") for m in models], 545, 52)
+    svg.save(path)
+
+
+def plot_similarity_by_score(models, path):
+    """Cosine similarity of STS-B test pairs per gold-score group, one box per model [SimCSE App. G]: box = quartiles,
+    line = median, whiskers = 5th-95th percentiles, dot = mean."""
+    groups = [g["group"] for g in models[0]["test"]["similarity_by_score"]]
+    stats = [[g for g in m["test"]["similarity_by_score"]] for m in models]
+    values = [v for st in stats for g in st for v in (g["q05"], g["q95"]) if math.isfinite(v)]
+    svg = SVG(820, 480)
+    ax = Axes(svg, (80, 40, 440, 350), (0, len(groups)), _limits(values))
+    counts = [g["count"] for g in stats[0]]
+    ax.frame("Cosine similarity by gold score, STS-B test", "gold score group", "cosine similarity",
+             xticks=[(i + 0.5, f"{g}\nn={c}") for i, (g, c) in enumerate(zip(groups, counts))], xgrid=False)
+    width = 0.8 / len(models)
+    for k, (m, st) in enumerate(zip(models, stats)):
+        for i, g in enumerate(st):
+            if not g["count"]:
+                continue
+            x0, x1 = ax.px(i + 0.1 + k * width + 0.1 * width), ax.px(i + 0.1 + (k + 1) * width - 0.1 * width)
+            xm = (x0 + x1) / 2
+            svg.line(xm, ax.py(g["q05"]), xm, ax.py(g["q95"]), m["color"], 1.2)
+            svg.rect(x0, ax.py(g["q75"]), x1 - x0, ax.py(g["q25"]) - ax.py(g["q75"]), m["color"], m["color"], 1, 0.35)
+            svg.line(x0, ax.py(g["median"]), x1, ax.py(g["median"]), "#000", 1.5)
+            svg.circle(xm, ax.py(g["mean"]), 2, "#fff", "#000", 0.8)
+    ax.legend([(m["name"], m["color"], "box") for m in models], 545, 52)
+    svg.save(path)
 
 
 # --- Training-loop pieces ----------------------------------------------------------------------------------------
@@ -1059,7 +1314,7 @@ class Run:
         self.log(f"{method} | {script} sha256 {sha256_file(script)[:16]} | torch {torch.__version__} | {self.device}")
         self.log("config " + json.dumps(dataclasses.asdict(cfg)))
         self.senteval = resolve_senteval(cfg.senteval)
-        self.dev_history, self.stats_history = [], []
+        self.dev_history, self.stats_history, self.align_uniform = [], [], []
         self.best_dev, self.best_step, self.best_state, self.total = -math.inf, 0, None, 0
         self.started, self.last_print = time.time(), 0.0
 
@@ -1079,6 +1334,8 @@ class Run:
         self.log(f"data {self.cfg.data}: {len(data)} rows x {data.cols} column(s), "
                  + (f"read from the token cache in {seconds:.1f}s" if hit else f"tokenized in {seconds:.1f}s"))
         self.dev = DevSet(tok, self.senteval)
+        self.log("evaluation: STS-B dev Spearman; align/uniform = alignment (dev pairs with gold > 4) and uniformity "
+                 "(distinct dev sentences) of the same [CLS] vectors (STS-B test ones: `common.py analyze`)")
         return data
 
     def total_steps(self, n_rows):
@@ -1116,14 +1373,17 @@ class Run:
                          f"eta {(self.total - step) / rate / 60:.1f} min")
             return
         dev = self.dev.score(model)
+        align, uniform = self.dev.align_uniform
         self.dev_history.append([step, round(dev, 4)])
+        self.align_uniform.append([step, _rounded(align), _rounded(uniform)])
         self.stats_history.append([step, stats])
         if dev > self.best_dev:
             self.best_dev, self.best_step = dev, step
             self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         ms = 1000 * (time.time() - self.started) / max(step, 1)
         self.log(f"step {step} | loss {stats.get('loss', math.nan):.4f}{extra} | stsb_dev {dev:.2f} | "
-                 f"best {self.best_dev:.2f} @ {self.best_step} | {ms:.0f} ms/step")
+                 f"align {align:.4f} uniform {uniform:.4f} | best {self.best_dev:.2f} @ {self.best_step} | "
+                 f"{ms:.0f} ms/step")
 
     def finish(self, model, tok, extra=None):
         """Best state -> 7-task test table (raw [CLS]), results.json and the saved model in out_dir."""
@@ -1133,7 +1393,9 @@ class Run:
         self.log(format_table(test))
         model.save_pretrained(self.out, tok)
         results = {"method": self.method, "config": dataclasses.asdict(self.cfg), "dev_history": self.dev_history,
-                   "stats_history": self.stats_history, "best_step": self.best_step, "best_dev": round(self.best_dev, 4),
+                   "stats_history": self.stats_history,
+                   "align_uniform": self.align_uniform, "align_uniform_on": "STS-B dev",
+                   "best_step": self.best_step, "best_dev": round(self.best_dev, 4),
                    "test": {k: round(v, 4) for k, v in test.items() if k != "details"},
                    "test_details": test["details"], "train_seconds": round(time.time() - self.started, 1),
                    **(extra or {})}
@@ -1141,6 +1403,10 @@ class Run:
             json.dump(results, f, indent=2)
         self.log(f"best stsb_dev {self.best_dev:.2f} @ step {self.best_step}; model and results.json in {self.out}")
         return results
+
+
+def _rounded(x, digits=6):
+    return round(x, digits) if math.isfinite(x) else None  # JSON has no NaN
 
 
 def main_guard(fn, *args):
@@ -1155,10 +1421,11 @@ def main_guard(fn, *args):
         sys.exit(130)
 
 
-# --- Command line: python common.py eval | download ------------------------------------------------------------
+# --- Command line: python common.py eval | download | analyze -----------------------------------------------------
 
 def cli(argv=None):
-    parser = argparse.ArgumentParser(prog="common.py", description="simcse-min tools: STS evaluation and downloads.")
+    parser = argparse.ArgumentParser(prog="common.py",
+                                     description="simcse-min tools: STS evaluation, embedding analysis, downloads.")
     sub = parser.add_subparsers(dest="command", required=True)
     ev = sub.add_parser("eval", help="STS evaluation of a model, as the papers report it",
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -1175,9 +1442,22 @@ def cli(argv=None):
     dl = sub.add_parser("download", help="fetch a model or data set into ~/.cache/simcse-min (needs internet)")
     dl.add_argument("what", help=f"senteval, a data file ({', '.join(k for k in KNOWN_DATA if k != 'senteval.tar')})"
                                  f" or a model ({', '.join(KNOWN_MODELS)})")
+    an = sub.add_parser("analyze", help="alignment/uniformity, singular values, similarity by gold score: JSON + SVGs",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    an.add_argument("--model", required=True, help="model folder or known name (the first point of every figure)")
+    an.add_argument("--compare", nargs="+", default=[], help="more model folders or names, drawn beside it")
+    an.add_argument("--runs", nargs="+", default=[], help="results.json files whose alignment/uniformity history "
+                                                          "is drawn as a trajectory (a model folder's own is found)")
+    an.add_argument("--senteval", default="", help="SentEval data folder (holding STS/ and SICK/, or downstream/)")
+    an.add_argument("--out", required=True, help="folder for analysis.json and the three .svg figures")
+    an.add_argument("--pooler", default="cls", choices=POOLERS, help="sentence vector, as in `eval`")
+    an.add_argument("--batch_size", type=int, default=128, help="sentences per encoding batch")
+    an.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     args = parser.parse_args(argv)
     if args.command == "eval":
         return run_eval(args)
+    if args.command == "analyze":
+        return run_analyze(args)
     if args.what == "senteval":
         print(download_senteval())
     elif args.what in KNOWN_DATA:
@@ -1199,6 +1479,65 @@ def run_eval(args):
         with atomic_write(args.json) as f:
             json.dump(results, f, indent=2)
     return results
+
+
+def run_analyze(args):
+    """Alignment/uniformity, singular values and similarity-by-score of each model on STS-B test (and dev, where
+    training logged its trajectory) -> analysis.json and three SVG figures in --out."""
+    device = resolve_device(args.device)
+    root = resolve_senteval(args.senteval)
+    check_senteval(root, "dev")
+    runs = [load_run(p) for p in args.runs]  # bad --runs fail before the encoding, not after
+    out = Path(args.out).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    models = []
+    for i, name in enumerate([args.model, *args.compare]):
+        tok, model = Tokenizer.from_pretrained(name), Bert.from_pretrained(name).to(device)
+        models.append({"name": _model_label(name, models), "path": str(name), "color": COLORS[i % len(COLORS)],
+                       **{split: analyze_model(model, tok, root, args.pooler, split, args.batch_size)
+                          for split in ("test", "dev")}})
+        found = Path(name).expanduser() / "results.json"
+        if found.is_file() and found.resolve() not in {Path(r["path"]).resolve() for r in runs}:
+            runs.append(load_run(found))
+    for j, r in enumerate(runs):  # a run drawn in its model's colour, else in the next free one
+        owner = [m for m in models if Path(m["path"]).expanduser().resolve() == Path(r["path"]).resolve().parent]
+        r["color"] = owner[0]["color"] if owner else COLORS[(len(models) + j) % len(COLORS)]
+    plot_plane(models, runs, out / "align_uniform.svg")
+    plot_singular_values(models, out / "singular_values.svg")
+    plot_similarity_by_score(models, out / "similarity_by_score.svg")
+    with atomic_write(out / "analysis.json") as f:
+        json.dump({"pooler": args.pooler, "models": models, "runs": runs}, f, indent=1)
+    print(format_analysis(models))
+    print(f"analysis.json, align_uniform.svg, singular_values.svg, similarity_by_score.svg in {out}")
+    return models
+
+
+def load_run(path):
+    p = Path(path).expanduser()
+    try:
+        r = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UserError(f"--runs {path}: cannot read it as a results.json ({e})")
+    if not r.get("align_uniform"):
+        raise UserError(f"--runs {path}: no align_uniform history (written by training runs since issue 10)")
+    method, folder = r.get("method", "run"), p.parent.name
+    return {"path": str(p), "name": method if folder == method else f"{method} ({folder})",
+            "align_uniform": r["align_uniform"], "align_uniform_on": r.get("align_uniform_on", "STS-B dev")}
+
+
+def _model_label(name, earlier):
+    label = Path(str(name)).name or str(name)
+    return label if label not in {m["name"] for m in earlier} else f"{label} #{len(earlier) + 1}"
+
+
+def format_analysis(models):
+    """One line per model: STS-B test Spearman, alignment and uniformity on test and dev."""
+    lines = [f"{'model':<28} | stsb test | align test | uniform test | align dev | uniform dev"]
+    for m in models:
+        t, d = m["test"], m["dev"]
+        lines.append(f"{m['name'][:28]:<28} | {t['stsb_spearman']:9.2f} | {t['alignment']:10.4f} | "
+                     f"{t['uniformity']:12.4f} | {d['alignment']:9.4f} | {d['uniformity']:11.4f}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
