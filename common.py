@@ -1090,7 +1090,7 @@ def _svg_value(v):
     return f"{v:.1f}" if isinstance(v, float) else xml.sax.saxutils.escape(str(v), {'"': "&quot;"})
 
 
-def nice_ticks(lo, hi, n=5):
+def nice_ticks(lo, hi, n=7):
     """About n round values (1, 2 or 5 x 10^k apart) inside [lo, hi]."""
     raw = (hi - lo) / n
     mag = 10 ** math.floor(math.log10(raw))
@@ -1167,7 +1167,7 @@ def plot_plane(models, runs, path):
     pts = [(m["dev"]["uniformity"], m["dev"]["alignment"]) for m in models]
     traj = [[(u, a) for _, a, u in r["align_uniform"] if a is not None and u is not None] for r in runs]
     xs, ys = zip(*(pts + [p for t in traj for p in t]))
-    svg = SVG(820, 500)
+    svg = SVG(820, 490)
     ax = Axes(svg, (80, 40, 440, 390), _limits(xs), _limits(ys))
     ax.frame("Alignment vs uniformity, STS-B dev", "uniformity  log E exp(-2‖x − y‖²)  (lower is better)",
              "alignment  E‖x − x⁺‖²  (lower is better)")
@@ -1177,6 +1177,7 @@ def plot_plane(models, runs, path):
             svg.circle(ax.px(u), ax.py(a), 2.5, r["color"])
     for m, (u, a) in zip(models, pts):
         svg.circle(ax.px(u), ax.py(a), 6, m["color"], "#000")
+    svg.text(ax.left + 8, ax.top + ax.h - 8, "↙ lower-left is better", 11, "start", fill="#666")
     entries = [(m["name"], m["color"], "point") for m in models]
     entries += [(f"{r['name']}: steps {r['align_uniform'][0][0]}→{r['align_uniform'][-1][0]}", r["color"], "line")
                 for r in runs]
@@ -1190,7 +1191,7 @@ def plot_singular_values(models, path):
     curves = [np.maximum(np.asarray(m["test"]["singular_values"]), 1e-6) for m in models]
     low = 10 ** math.floor(math.log10(min(c.min() for c in curves)))
     n = max(len(c) for c in curves)
-    svg = SVG(820, 460)
+    svg = SVG(820, 450)
     ax = Axes(svg, (80, 40, 440, 350), (1, n), (low, 1.0), ylog=True)
     ax.frame("Singular values of the embedding matrix, STS-B test", "index (descending)",
              "singular value / largest")
@@ -1206,7 +1207,7 @@ def plot_similarity_by_score(models, path):
     groups = [g["group"] for g in models[0]["test"]["similarity_by_score"]]
     stats = [[g for g in m["test"]["similarity_by_score"]] for m in models]
     values = [v for st in stats for g in st for v in (g["q05"], g["q95"]) if math.isfinite(v)]
-    svg = SVG(820, 480)
+    svg = SVG(820, 470)
     ax = Axes(svg, (80, 40, 440, 350), (0, len(groups)), _limits(values))
     counts = [g["count"] for g in stats[0]]
     ax.frame("Cosine similarity by gold score, STS-B test", "gold score group", "cosine similarity",
