@@ -27,9 +27,11 @@ import os
 import random
 import re
 import shutil
+import signal
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 import unicodedata
 import urllib.error
@@ -120,10 +122,16 @@ class Tokenizer:
         if not (folder / "vocab.txt").is_file():
             raise CheckpointError(f"{folder} has no vocab.txt: not a BERT (WordPiece) model folder")
         vocab = {}
-        for i, line in enumerate((folder / "vocab.txt").read_text(encoding="utf-8").removesuffix("\n").split("\n")):
+        try:
+            text = (folder / "vocab.txt").read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise CheckpointError(f"{folder}/vocab.txt is not UTF-8 (byte {e.start})") from None
+        for i, line in enumerate(text.removesuffix("\n").split("\n")):
             vocab[line.rstrip("\r")] = i
         config_path = folder / "tokenizer_config.json"
-        config = json.loads(config_path.read_text()) if config_path.exists() else {}
+        config = read_json(config_path, "tokenizer_config.json") if config_path.exists() else {}
+        if not isinstance(config, dict):
+            raise CheckpointError(f"{config_path} is not a JSON object")
         missing = [t for t in SPECIAL_TOKENS if t not in vocab]
         if missing:
             raise CheckpointError(f"{folder}/vocab.txt lacks the special tokens {missing}: not a BERT vocabulary")
@@ -227,8 +235,38 @@ class BertConfig:
                              intermediate_size=64, max_position_embeddings=64), **kw})
 
     @classmethod
-    def from_hf(cls, cfg):
-        """A Hugging Face config.json dict (BERT or DistilBERT) -> BertConfig."""
+    def from_hf(cls, cfg, folder="config.json"):
+        """A Hugging Face config.json dict (BERT or DistilBERT) -> BertConfig; CheckpointError if it is unusable."""
+        if not isinstance(cfg, dict):
+            raise CheckpointError(f"{folder}: config.json is not a JSON object")
+        try:
+            return cls._from_hf(cfg)._checked(folder)
+        except KeyError as e:
+            raise CheckpointError(f"{folder}: config.json lacks {e}") from None
+
+    def _checked(self, folder):
+        """Positive integer sizes, heads that divide the width, dropouts in [0, 1): else a CheckpointError."""
+        values = dataclasses.asdict(self)
+        bad = [k for k, v in values.items() if k.endswith(("_size", "_layers", "_heads", "_embeddings"))
+               and not (type(v) is int and v >= (k != "type_vocab_size"))]  # 0 token types is fine (DistilBERT)
+        bad += [k for k, v in values.items() if k.endswith("_prob") and not (type(v) in (int, float) and 0 <= v < 1)]
+        if not bad and self.hidden_size % self.num_attention_heads:
+            bad = ["hidden_size", "num_attention_heads"]  # the heads must split the width evenly
+        if not bad and not (type(self.pad_token_id) is int and 0 <= self.pad_token_id < self.vocab_size):
+            bad = ["pad_token_id"]
+        if bad:
+            raise CheckpointError(f"{folder}: config.json has unusable values: "
+                                  + ", ".join(f"{k}={values[k]!r}" for k in bad[:4]))
+        return self
+
+    def n_params(self):
+        """The encoder's parameter count this config implies (for a size check before allocating)."""
+        H, I = self.hidden_size, self.intermediate_size
+        return (self.vocab_size + self.max_position_embeddings + self.type_vocab_size) * H + \
+            self.num_hidden_layers * (4 * H * H + 2 * H * I)
+
+    @classmethod
+    def _from_hf(cls, cfg):
         if cfg.get("model_type") == "distilbert":
             cfg = dict(vocab_size=cfg["vocab_size"], hidden_size=cfg["dim"], num_hidden_layers=cfg["n_layers"],
                        num_attention_heads=cfg["n_heads"], intermediate_size=cfg["hidden_dim"],
@@ -340,9 +378,14 @@ class Bert(nn.Module):
         config_path = folder / "config.json"
         if not config_path.exists():
             raise CheckpointError(f"{folder} has no config.json: not a Hugging Face model folder")
-        hf_config = json.loads(config_path.read_text())
-        model = cls(BertConfig.from_hf(hf_config), mlm_head)
-        state, unused = rename_checkpoint(read_checkpoint(folder), hf_config.get("model_type", "bert"), model)
+        hf_config = read_json(config_path, "the model's config.json")
+        cfg, tensors = BertConfig.from_hf(hf_config, folder), read_checkpoint(folder)
+        stored = sum(t.numel() for t in tensors.values())
+        if cfg.n_params() > stored:  # before allocating: a hostile or mismatched config.json must not exhaust memory
+            raise CheckpointError(f"{folder}: config.json describes a model of {cfg.n_params():,} parameters but the "
+                                  f"weights file holds {stored:,} numbers: they do not belong together")
+        model = cls(cfg, mlm_head)
+        state, unused = rename_checkpoint(tensors, hf_config.get("model_type", "bert"), model)
         model.load_state_dict(state, strict=True)
         if unused and not quiet:
             print(f"{folder.name}: not used from the checkpoint: {', '.join(sorted(unused))}", file=sys.stderr)
@@ -356,7 +399,8 @@ class Bert(nn.Module):
 
 # --- Checkpoints: safetensors, renaming, saving ----------------------------------------------------------------
 
-SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64}
+SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
+                      "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}  # U8: RNG states in run checkpoints
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
 
 # Hugging Face name of each sub-module of one layer -> ours (BERT, then DistilBERT)
@@ -383,6 +427,8 @@ def read_safetensors(path):
     def bad(why):
         return CheckpointError(f"{path}: not a valid safetensors file: {why}")
 
+    if not Path(path).is_file():
+        raise CheckpointError(f"{path} is missing or not a file")
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         prefix = f.read(8)
@@ -398,27 +444,30 @@ def read_safetensors(path):
         data = memoryview(f.read())
     if not isinstance(header, dict):
         raise bad("the header is not a JSON object")
+    if not isinstance(header.get("__metadata__", {}), dict):
+        raise bad("__metadata__ is not a JSON object")
     tensors, spans = {}, []
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        if not (isinstance(info, dict) and info.get("dtype") in SAFETENSORS_DTYPES):
-            raise bad(f"tensor {name!r}: dtype {info.get('dtype') if isinstance(info, dict) else info!r} "
-                      f"is not one of {sorted(SAFETENSORS_DTYPES)}")
+        what = f"tensor {name[:80]!r}"  # reprs cut short: a hostile header must not make a megabyte message
+        dtype_name = info.get("dtype") if isinstance(info, dict) else None
+        if not (isinstance(dtype_name, str) and dtype_name in SAFETENSORS_DTYPES):
+            raise bad(f"{what}: dtype {repr(dtype_name)[:20]} is not one of {sorted(SAFETENSORS_DTYPES)}")
         shape, offsets = info.get("shape"), info.get("data_offsets")
-        if not (isinstance(shape, list) and all(type(d) is int and 0 <= d < 2**62 for d in shape)):
-            raise bad(f"tensor {name!r}: bad shape {shape!r}")
+        if not (isinstance(shape, list) and len(shape) <= 64
+                and all(type(d) is int and 0 <= d < 2**62 for d in shape)):
+            raise bad(f"{what}: bad shape {repr(shape)[:80]}")
         if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
                 and 0 <= offsets[0] <= offsets[1] <= len(data)):
-            raise bad(f"tensor {name!r}: data offsets {offsets!r} fall outside the {len(data)} data bytes")
-        dtype = SAFETENSORS_DTYPES[info["dtype"]]
-        if math.prod(shape) * dtype.itemsize != offsets[1] - offsets[0]:
-            raise bad(f"tensor {name!r}: shape {shape} does not fit its {offsets[1] - offsets[0]} bytes")
+            raise bad(f"{what}: data offsets {repr(offsets)[:80]} fall outside the {len(data)} data bytes (truncated?)")
+        if math.prod(shape) * SAFETENSORS_DTYPES[dtype_name].itemsize != offsets[1] - offsets[0]:
+            raise bad(f"{what}: shape {shape} does not fit its {offsets[1] - offsets[0]} bytes")
         spans.append((offsets[0], offsets[1], name))
     end = 0
     for start, stop, name in sorted(spans):
         if start != end:
-            raise bad(f"tensor {name!r} starts at byte {start}, expected {end} (overlap or gap)")
+            raise bad(f"tensor {name[:80]!r} starts at byte {start}, expected {end} (overlap or gap)")
         end = stop
     if end != len(data):
         raise bad(f"the tensors cover {end} of {len(data)} data bytes")
@@ -444,7 +493,7 @@ def write_safetensors(path, tensors, metadata=None):
     with atomic_write(path, "wb") as f:
         f.write(len(blob).to_bytes(8, "little") + blob)
         for t in tensors.values():
-            f.write(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            f.write(t.reshape(-1).view(torch.uint8).numpy().tobytes())  # reshape: a 0-dim tensor has no byte view
 
 
 def read_checkpoint(folder):
@@ -729,11 +778,26 @@ def read_lines(path):
     return lines
 
 
+MAX_SENTENCE_CHARS = 10_000  # [impl] longer sentences are cut: 512 tokens of text fit ~10x over, and tokenizing a
+# stray megabyte-long line (a file without newlines) would take minutes; training keeps max_len tokens anyway
+
+
 def read_training_data(path):
     """Sentences (one per line), or rows of a CSV (sentence, positive[, hard negative]) for supervised SimCSE.
 
-    Returns a list of tuples of strings: 1 column (unsupervised) or 2-3 columns (supervised).
+    Returns a list of tuples of strings: 1 column (unsupervised) or 2-3 columns (supervised), each string cut to
+    MAX_SENTENCE_CHARS (said once on stderr, not an error).
     """
+    rows = read_rows(path)
+    cut = sum(len(s) > MAX_SENTENCE_CHARS for r in rows for s in r)
+    if cut:
+        print(f"note: {cut} sentence(s) in {path} longer than {MAX_SENTENCE_CHARS:,} characters were cut to that "
+              f"length", file=sys.stderr)
+        rows = [tuple(s[:MAX_SENTENCE_CHARS] for s in r) for r in rows]
+    return rows
+
+
+def read_rows(path):
     import csv
     lines = read_lines(path)
     if Path(path).suffix != ".csv":
@@ -833,6 +897,9 @@ def sts_files(mode):
 
 
 def check_senteval(root, mode="test"):
+    if not Path(root).is_dir():
+        raise UserError(f"SentEval folder {root} does not exist; get it with `python common.py download senteval` "
+                        f"and pass --senteval ~/.cache/simcse-min/senteval")
     missing = [f for f in sts_files(mode) if not (Path(root) / f).is_file()]
     if missing:
         raise UserError(f"SentEval folder {root} is incomplete: missing {', '.join(missing[:4])}"
@@ -867,10 +934,14 @@ def load_sts(root, mode="test"):
     """{task: {subset or split: (A, B, gold)}} for the tasks a mode reports."""
     check_senteval(root, mode)
     tasks = {}
-    if mode == "test":
-        tasks = {year: {s: load_sts_subset(root, year, s) for s in subsets} for year, subsets in STS_YEARS.items()}
-    for task in SPLIT_FILES:
-        tasks[task] = {mode: load_sts_split(root, task, mode)}
+    try:
+        if mode == "test":
+            tasks = {year: {s: load_sts_subset(root, year, s) for s in subsets} for year, subsets in STS_YEARS.items()}
+        for task in SPLIT_FILES:
+            tasks[task] = {mode: load_sts_split(root, task, mode)}
+    except (IndexError, ValueError) as e:  # a cut or edited file: a short row, a score that is not a number
+        raise UserError(f"SentEval folder {root} has a malformed file ({type(e).__name__}: {str(e)[:100]}); "
+                        f"get a fresh copy with `python common.py download senteval`") from None
     return tasks
 
 
@@ -965,7 +1036,7 @@ class DevSet:
     `score` also leaves (alignment, uniformity) of the same vectors in `align_uniform` (see Analysis)."""
 
     def __init__(self, tok, root, max_len=512):
-        a, b, self.gold = load_sts_split(root, "STSBenchmark", "dev")
+        a, b, self.gold = load_sts(root, "dev")["STSBenchmark"]["dev"]
         self.tok, self.ids = tok, [tok.encode(s, max_len) for s in a + b]
         self.distinct, self.align_uniform = distinct_indices(a + b), (math.nan, math.nan)
 
@@ -1233,13 +1304,21 @@ def parse_args(config_cls, argv=None):
     """Dataclass fields -> `--name value` flags; each field's trailing comment is its --help text."""
     source = inspect.getsource(config_cls)
     helps = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.+)$", source, re.M))
-    parser = argparse.ArgumentParser(description=(sys.modules[config_cls.__module__].__doc__ or "").split("\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = OneLineErrors(description=(sys.modules[config_cls.__module__].__doc__ or "").split("\n")[0],
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in dataclasses.fields(config_cls):
         kind = {"bool": _parse_bool, "int": int, "float": float}.get(f.type if isinstance(f.type, str)
                                                                       else f.type.__name__, str)
         parser.add_argument(f"--{f.name}", type=kind, default=f.default, help=helps.get(f.name, " "))
     return config_cls(**vars(parser.parse_args(argv)))
+
+
+class OneLineErrors(argparse.ArgumentParser):
+    """A bad flag is one line on stderr (not the whole usage), exit status 2, as for every other bad input."""
+
+    def error(self, message):
+        print(f"error: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)
 
 
 def _parse_bool(s):
@@ -1298,35 +1377,330 @@ def optimizer_step(loss, opt, sched, max_grad_norm=1.0):
     opt.zero_grad(set_to_none=True)
 
 
-Batch = collections.namedtuple("Batch", "step epoch ids mask")
+# --- Reliability: flag checks, run checkpoints (resume), signals ---------------------------------------------------
+
+class RunFinished(Exception):
+    """--resume of a run that already finished: said in one line, exit status 0, nothing done."""
 
 
-class Run:
+class TrainingStopped(UserError):
+    """The run stopped on its own (a non-finite loss) after writing the best model so far: exit status 3."""
+    exit_code = 3
+
+
+FLAG_RULES = {  # flag -> (test, what it must be). A method's own flags are checked when its Config has them.
+    "seed": (lambda v: 0 <= v < 2**32, "in [0, 2^32) (numpy's seed range)"),
+    "batch_size": (lambda v: v >= 2, "at least 2 (a batch of one has no negatives)"),
+    "max_len": (lambda v: v >= 3, "at least 3 ([CLS], one token, [SEP])"),
+    "lr": (lambda v: 0 < v < 1, "in (0, 1)"),
+    "epochs": (lambda v: v >= 1, "at least 1"),
+    "max_steps": (lambda v: v >= 0, "0 (all epochs) or more"),
+    "temp": (lambda v: v > 0, "above 0"),
+    "eval_every": (lambda v: v >= 1, "at least 1"),
+    "dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "save_every": (lambda v: v >= 0, "0 (only on a signal) or more"),
+    "hard_weight": (lambda v: True, "a number"),
+    "dup_rate": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "queue_size": (lambda v: v >= 0, "0 or more"),
+    "momentum": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "m": (lambda v: v > 0, "above 0"),
+    "lambda_dcl": (lambda v: v >= 0, "0 or more"),
+    "temp_dcl": (lambda v: v > 0, "above 0"),
+    "mask_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "lambda_rtd": (lambda v: v >= 0, "0 or more"),
+}
+
+
+def check_config(cfg):
+    """A one-line UserError for the first flag out of range (NaN and infinity are out of every range)."""
+    for name, (ok, what) in FLAG_RULES.items():
+        value = getattr(cfg, name, None)
+        if value is not None and not (math.isfinite(value) and ok(value)):
+            raise UserError(f"--{name} {value}: must be {what}")
+    if cfg.resume and cfg.overwrite:
+        raise UserError("--resume continues a run and --overwrite replaces one: pass only one of them")
+
+
+def check_model(folder, tok, model, max_len):
+    """A model folder whose parts disagree: more tokens than embedding rows, or positions shorter than max_len."""
+    rows = model.embeddings.word_embeddings.num_embeddings
+    if len(tok.vocab) > rows:
+        raise CheckpointError(f"{folder}: vocab.txt has {len(tok.vocab)} tokens but the word embeddings have {rows} "
+                              f"rows (config.json vocab_size): the folder mixes two models")
+    if max_len > model.cfg.max_position_embeddings:
+        raise UserError(f"--max_len {max_len} exceeds the model's {model.cfg.max_position_embeddings} positions")
+
+
+def state_of(obj):
+    """A live training object -> its state (tensors in plain containers)."""
+    if isinstance(obj, (nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)):
+        return obj.state_dict()
+    if isinstance(obj, torch.Generator):
+        return obj.get_state()
+    if isinstance(obj, random.Random):
+        return obj.getstate()
+    if isinstance(obj, collections.deque):
+        return list(obj)
+    raise TypeError(f"cannot checkpoint a {type(obj).__name__}")
+
+
+def restore_state(obj, state, device):
+    if isinstance(obj, (nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)):
+        obj.load_state_dict(state)
+    elif isinstance(obj, torch.Generator):
+        obj.set_state(state)
+    elif isinstance(obj, random.Random):
+        obj.setstate(state)
+    else:
+        obj.clear()
+        obj.extend(t.to(device) for t in state)
+
+
+def rng_states():
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def set_rng_states(states):
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def pack(x, tensors, path="s"):
+    """Nested state -> JSON-able tree, its tensors moved into `tensors` (by path) and replaced by their names.
+    Dicts with non-string keys (an optimizer's state), tuples (RNG states, betas) and numpy arrays survive JSON."""
+    if isinstance(x, torch.Tensor):
+        name = path if path not in tensors else f"{path}#{len(tensors)}"
+        tensors[name] = x
+        return {"__tensor__": name}
+    if isinstance(x, dict):
+        if all(isinstance(k, str) and not k.startswith("__") for k in x):
+            return {k: pack(v, tensors, f"{path}.{k}") for k, v in x.items()}
+        return {"__items__": [[k, pack(v, tensors, f"{path}.{k}")] for k, v in x.items()]}
+    if isinstance(x, (list, tuple)):
+        items = [pack(v, tensors, f"{path}.{i}") for i, v in enumerate(x)]
+        return {"__tuple__": items} if isinstance(x, tuple) else items
+    if isinstance(x, np.ndarray):
+        return {"__ndarray__": x.tolist(), "dtype": str(x.dtype)}
+    return x.item() if isinstance(x, np.generic) else x
+
+
+def unpack(x, tensors):
+    if isinstance(x, list):
+        return [unpack(v, tensors) for v in x]
+    if not isinstance(x, dict):
+        return x
+    if "__tensor__" in x:
+        return tensors[x["__tensor__"]]
+    if "__items__" in x:
+        return {k: unpack(v, tensors) for k, v in x["__items__"]}
+    if "__tuple__" in x:
+        return tuple(unpack(v, tensors) for v in x["__tuple__"])
+    if "__ndarray__" in x:
+        return np.array(x["__ndarray__"], dtype=x["dtype"])
+    return {k: unpack(v, tensors) for k, v in x.items()}
+
+
+class Checkpoints:
+    """Run's resume machinery. out_dir/checkpoint/ holds state.json (step, histories, best score, config, and the
+    names of the two tensor files it refers to), tensors-STEP.safetensors (model, heads, optimizer, scheduler, the
+    method's extras such as ESimCSE's momentum encoder and queue, all RNG states) and best-STEP.safetensors (the
+    best weights). Tensor files are written first under new names, state.json last by an atomic rename, and only
+    then are older files deleted: a crash at any moment leaves the previous checkpoint whole."""
+    histories = ("dev_history", "stats_history", "align_uniform")  # Run's per-evaluation lists, saved as they are
+
+    def resume_config(self, cfg):
+        """--resume DIR: the saved run's configuration replaces cfg's fields (in place, so train() sees it); a flag
+        given now that contradicts it is an error. Raises RunFinished when DIR's run has finished."""
+        if not cfg.resume:
+            return None
+        out = Path(cfg.resume).expanduser()
+        out = out.parent if out.name == "checkpoint" and (out / "state.json").exists() else out
+        if not out.is_dir():
+            raise UserError(f"--resume {cfg.resume}: no such folder")
+        if (out / "results.json").exists():
+            raise RunFinished(f"the run in {out} has finished (results.json is there): nothing to do")
+        meta = read_json(out / "checkpoint" / "state.json", f"--resume {cfg.resume}: the checkpoint's state.json")
+        if not (isinstance(meta, dict) and meta.get("format") == 1 and isinstance(meta.get("config"), dict)):
+            raise CheckpointError(f"{out}/checkpoint/state.json is not a checkpoint of this program")
+        if meta.get("method") != self.method:
+            raise UserError(f"--resume {cfg.resume} holds a {meta.get('method')} run, not {self.method}")
+        saved = meta["config"]
+        for f in dataclasses.fields(cfg):  # device, SentEval folder and save_every may change; nothing else may
+            if f.name in ("resume", "overwrite", "out_dir", "device", "senteval", "save_every"):
+                continue
+            given = getattr(cfg, f.name)
+            if given != f.default and given != saved.get(f.name, f.default):
+                raise UserError(f"--{f.name} {given} contradicts the resumed run's {saved.get(f.name)}: a resumed "
+                                f"run keeps its configuration (leave the flag out)")
+            setattr(cfg, f.name, saved.get(f.name, f.default))
+        cfg.out_dir = str(out)
+        return meta
+
+    def claim_out_dir(self):
+        """Refuse an out_dir that holds another run (unless --overwrite); create nothing yet."""
+        if self.out.exists() and not self.out.is_dir():
+            raise UserError(f"--out_dir {self.out} is a file, not a folder")
+        found = [n for n in ("results.json", "checkpoint", "model.safetensors", "log.txt") if (self.out / n).exists()]
+        if found and not (self.cfg.resume or self.cfg.overwrite):
+            unfinished = (self.out / "checkpoint" / "state.json").exists() and "results.json" not in found
+            raise UserError(f"--out_dir {self.out} already holds a run ({', '.join(found)}); pass "
+                            + (f"--resume {self.out} to continue it, " if unfinished else "")
+                            + "--overwrite to replace it, or another --out_dir")
+
+    def open_out_dir(self):
+        """Create out_dir and write the log so far: before this, a bad input leaves no file behind."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        if self.cfg.overwrite:
+            shutil.rmtree(self.out / "checkpoint", ignore_errors=True)
+            (self.out / "results.json").unlink(missing_ok=True)
+        with open(self.out / "log.txt", "a" if self.cfg.resume else "w", encoding="utf-8") as f:
+            f.write("".join(m + "\n" for m in self.pending_log))
+        self.pending_log = None
+
+    def track(self, **objects):
+        """The method's own state for the checkpoints (a momentum encoder, a queue, a generator, ...); None skipped."""
+        self.tracked = {**getattr(self, "tracked", {}), **{k: v for k, v in objects.items() if v is not None}}
+
+    def start(self, **state):
+        """Checkpoints hold what is given here (model=, head=, opt=, sched=) and what track() got; then continue the
+        --resume run, or else evaluate at step 0."""
+        self.state = {**{k: v for k, v in state.items() if v is not None}, **getattr(self, "tracked", {})}
+        self.model = state["model"]
+        self.open_out_dir()
+        self.catch_signals()
+        if self.resumed is not None:
+            self.load_checkpoint(self.out / "checkpoint", self.resumed)
+        else:
+            self.evaluate(0, self.model)
+
+    def catch_signals(self):
+        """Ctrl-C / SIGTERM set a flag; the loop saves a checkpoint at the end of the step and exits 128 + signal.
+        A second Ctrl-C stops at once."""
+        self.signal = None
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def handler(signum, frame):
+            if self.signal is not None:
+                raise KeyboardInterrupt
+            self.signal = signum
+            print(f"\n{signal.Signals(signum).name}: saving a checkpoint after this step (again to stop now)",
+                  file=sys.stderr, flush=True)
+        self.old_handlers = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def release_signals(self):
+        for s, h in getattr(self, "old_handlers", {}).items():
+            signal.signal(s, h)
+        self.old_handlers = {}
+
+    def end_of_step(self, step):
+        """Checkpoint every save_every steps (not at the last: finish() follows) and on a signal, then obey it."""
+        due = self.cfg.save_every and step % self.cfg.save_every == 0 and step < self.total
+        if step > 0 and (self.signal or due):
+            self.save_checkpoint(self.out / "checkpoint", step)
+        if self.signal:
+            self.release_signals()
+            self.log(f"{signal.Signals(self.signal).name} at step {step}: checkpoint saved; continue with "
+                     f"--resume {self.out}")
+            sys.exit(128 + self.signal)
+
+    def save_checkpoint(self, folder, step):
+        folder.mkdir(exist_ok=True)
+        tensors = {}
+        tree = pack({"objects": {k: state_of(v) for k, v in self.state.items()}, "rng": rng_states()}, tensors)
+        names = {"tensors": f"tensors-{step}.safetensors", "best": f"best-{self.best_step}.safetensors"}
+        write_safetensors(folder / names["tensors"], tensors)
+        if not (folder / names["best"]).exists():
+            write_safetensors(folder / names["best"], self.best_state)
+        meta = {"format": 1, "method": self.method, "step": step, "total": self.total, "rows": self.n_rows,
+                "epoch": (step - 1) // (self.n_rows // self.cfg.batch_size), **names, "tree": tree,
+                "best_dev": self.best_dev, "best_step": self.best_step, "config": dataclasses.asdict(self.cfg),
+                "histories": {k: getattr(self, k) for k in self.histories if hasattr(self, k)}}
+        with atomic_write(folder / "state.json") as f:
+            json.dump(meta, f)
+        for stale in folder.iterdir():
+            if stale.name not in (*names.values(), "state.json"):
+                stale.unlink()
+        self.log(f"step {step} | checkpoint saved in {folder}")
+
+    def load_checkpoint(self, folder, meta):
+        """Everything back as it was after step meta['step']: the continued run is the uninterrupted one."""
+        if (meta.get("rows"), meta.get("total")) != (self.n_rows, self.total):
+            raise UserError(f"--resume {folder.parent}: the data has {self.n_rows} rows / {self.total} steps now but "
+                            f"{meta.get('rows')} / {meta.get('total')} when the checkpoint was written")
+        try:
+            state = unpack(meta["tree"], read_safetensors(folder / meta["tensors"]))
+            for name, obj in self.state.items():
+                restore_state(obj, state["objects"][name], self.device)
+            self.best_state = {k: v.to(self.device) for k, v in read_safetensors(folder / meta["best"]).items()}
+            self.best_dev, self.best_step, self.step_done = meta["best_dev"], meta["best_step"], meta["step"]
+            for k, v in meta["histories"].items():
+                setattr(self, k, v)
+            set_rng_states(state["rng"])  # last: nothing after this draws
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:
+            raise CheckpointError(f"{folder} does not fit this run ({type(e).__name__}: "
+                                  f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
+        self.log(f"resumed from {folder} at step {self.step_done}/{self.total} (best {self.best_dev:.2f} "
+                 f"@ {self.best_step})")
+
+    def stop_non_finite(self, step, loss):
+        """A non-finite loss: write the best model so far and results.json, then stop (exit status 3)."""
+        msg = f"the loss became {loss} at step {step}: stopping (try a lower --lr)"
+        self.log(msg)
+        self.finish(self.model, self.tok, {"stopped": msg})
+        raise TrainingStopped(f"{msg}; the best model so far (step {self.best_step}) is in {self.out}")
+
+
+def read_json(path, what):
+    """A JSON file, or a one-line CheckpointError saying what is wrong with it."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{what} ({path}) is missing")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise CheckpointError(f"{what} ({path}) is not valid JSON ({type(e).__name__})") from None
+
+
+Batch = collections.namedtuple("Batch", "step epoch ids mask new_epoch")
+
+
+class Run(Checkpoints):
     """One training run's bookkeeping: device, seed, output folder and log, data, dev evaluation, the best state,
     the final test table, results.json and the saved model. The *_min.py files keep the method and the loop."""
 
     def __init__(self, cfg, method, script):
         self.cfg, self.method = cfg, method
+        check_config(cfg)
+        self.resumed, self.step_done, self.pending_log = self.resume_config(cfg), 0, []
         self.device = resolve_device(cfg.device)
         set_seed(cfg.seed)
         self.out = Path(cfg.out_dir or f"runs/{method}")
-        self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "log.txt").write_text("")
+        self.claim_out_dir()
         self.log(f"{method} | {script} sha256 {sha256_file(script)[:16]} | torch {torch.__version__} | {self.device}")
         self.log("config " + json.dumps(dataclasses.asdict(cfg)))
         self.senteval = resolve_senteval(cfg.senteval)
+        load_sts(self.senteval, "test")  # parsed now: a malformed test file must fail before training, not after
         self.dev_history, self.stats_history, self.align_uniform = [], [], []
         self.best_dev, self.best_step, self.best_state, self.total = -math.inf, 0, None, 0
         self.started, self.last_print = time.time(), 0.0
 
     def log(self, msg):
         print(msg, flush=True)
+        if self.pending_log is not None:  # out_dir is not opened yet (start() does it)
+            return self.pending_log.append(msg)
         with open(self.out / "log.txt", "a", encoding="utf-8") as f:
             f.write(msg + "\n")
 
     def load_model(self, mlm_head=False):
         tok = Tokenizer.from_pretrained(self.cfg.model)
         model = Bert.from_pretrained(self.cfg.model, mlm_head=mlm_head, dropout=self.cfg.dropout)
+        check_model(self.cfg.model, tok, model, self.cfg.max_len)
+        self.tok = tok
         return tok, model.to(self.device)
 
     def load_data(self, tok):
@@ -1341,7 +1715,7 @@ class Run:
 
     def total_steps(self, n_rows):
         """Steps of the whole run: full batches per epoch x epochs, or --max_steps if smaller."""
-        per_epoch = n_rows // self.cfg.batch_size
+        per_epoch, self.n_rows = n_rows // self.cfg.batch_size, n_rows
         if per_epoch == 0:
             raise UserError(f"the data has {n_rows} rows, fewer than one batch of {self.cfg.batch_size}")
         self.total = per_epoch * self.cfg.epochs
@@ -1350,29 +1724,32 @@ class Run:
         return self.total
 
     def batches(self, data, tok):
-        """Batch(step, epoch, ids [B, C, L], mask [B, C, L]) for steps 1..total, a fresh shuffle every epoch."""
+        """Batch(step, epoch, ids [B, C, L], mask [B, C, L], new_epoch) for steps 1..total, a fresh shuffle every
+        epoch; a resumed run starts after its checkpoint's step, in the same order."""
         step = 0
         for epoch in range(self.cfg.epochs):
-            for idx in batches(len(data), self.cfg.batch_size, self.cfg.seed, epoch):
+            for position, idx in enumerate(batches(len(data), self.cfg.batch_size, self.cfg.seed, epoch)):
                 step += 1
                 if step > self.total:
                     return
-                yield Batch(step, epoch, *collate(tok, [data[i] for i in idx], self.device))
+                if step > self.step_done:
+                    yield Batch(step, epoch, *collate(tok, [data[i] for i in idx], self.device), position == 0)
 
     def evaluate(self, step, model, stats=None):
         """STS-B dev (raw [CLS]) at step 0, every eval_every steps and at the last step; keep the best state.
 
-        Between evaluations, a progress line about every 10 seconds. Stops on a non-finite loss."""
+        Between evaluations, a progress line about every 10 seconds. Stops on a non-finite loss. Called at the end
+        of every step, it also saves the checkpoints (end_of_step)."""
         stats = {k: float(v) for k, v in (stats or {}).items()}
         if not math.isfinite(stats.get("loss", 0.0)):
-            raise UserError(f"the loss became {stats['loss']} at step {step}: stopping (try a lower --lr)")
+            self.stop_non_finite(step, stats["loss"])
         extra = "".join(f" | {k} {v:.4f}" for k, v in stats.items() if k != "loss")
         if not (step == 0 or step % self.cfg.eval_every == 0 or step == self.total):
             if time.time() - self.last_print > 10:
-                self.last_print, rate = time.time(), step / (time.time() - self.started)
+                self.last_print, rate = time.time(), (step - self.step_done) / (time.time() - self.started)
                 self.log(f"step {step}/{self.total} | loss {stats['loss']:.4f}{extra} | {rate:.2f} steps/s | "
                          f"eta {(self.total - step) / rate / 60:.1f} min")
-            return
+            return self.end_of_step(step)
         dev = self.dev.score(model)
         align, uniform = self.dev.align_uniform
         self.dev_history.append([step, round(dev, 4)])
@@ -1381,13 +1758,16 @@ class Run:
         if dev > self.best_dev:
             self.best_dev, self.best_step = dev, step
             self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        ms = 1000 * (time.time() - self.started) / max(step, 1)
+        ms = 1000 * (time.time() - self.started) / max(step - self.step_done, 1)
         self.log(f"step {step} | loss {stats.get('loss', math.nan):.4f}{extra} | stsb_dev {dev:.2f} | "
                  f"align {align:.4f} uniform {uniform:.4f} | best {self.best_dev:.2f} @ {self.best_step} | "
                  f"{ms:.0f} ms/step")
+        self.end_of_step(step)
 
     def finish(self, model, tok, extra=None):
-        """Best state -> 7-task test table (raw [CLS]), results.json and the saved model in out_dir."""
+        """Best state -> 7-task test table (raw [CLS]), results.json and the saved model in out_dir; then the
+        checkpoint folder goes (results.json marks the run finished)."""
+        self.release_signals()
         if self.best_state is not None:
             model.load_state_dict(self.best_state)
         test = evaluate_sts(model, tok, self.senteval, "test", "cls")
@@ -1402,6 +1782,7 @@ class Run:
                    **(extra or {})}
         with atomic_write(self.out / "results.json") as f:
             json.dump(results, f, indent=2)
+        shutil.rmtree(self.out / "checkpoint", ignore_errors=True)
         self.log(f"best stsb_dev {self.best_dev:.2f} @ step {self.best_step}; model and results.json in {self.out}")
         return results
 
@@ -1414,9 +1795,12 @@ def main_guard(fn, *args):
     """Run a command-line entry point: a UserError becomes one line on stderr and exit status 2."""
     try:
         return fn(*args)
+    except RunFinished as e:
+        print(e, file=sys.stderr)
+        sys.exit(0)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(getattr(e, "exit_code", 2))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)

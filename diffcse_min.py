@@ -46,6 +46,9 @@ class Config:
     eval_every: int = 125  # STS-B dev every this many steps [official code]
     dropout: float = 0.1  # hidden and attention dropout, the only augmentation [paper Table 3]
     out_dir: str = "runs/diffcse"  # best model, log.txt and results.json
+    save_every: int = 500  # steps between checkpoints (out_dir/checkpoint), one also on Ctrl-C/SIGTERM; 0: only then
+    resume: str = ""  # continue the run saved in this out_dir, with its configuration; a finished run is left as is
+    overwrite: bool = False  # replace the run an existing out_dir holds (else such an out_dir is refused)
     mask_ratio: float = 0.30  # share of real tokens masked for the generator [paper App. A, BERT-base]
     lambda_rtd: float = 0.005  # λ_RTD, the weight of the token-mean RTD loss [paper App. A; official run_diffcse.sh]
     generator: str = "distilbert-base-uncased"  # frozen masked LM with its MLM head [paper §4.1; official code]
@@ -192,7 +195,8 @@ def train(cfg):
     gen = torch.Generator(run.device).manual_seed(cfg.seed)  # the masking draws
     opt, sched = make_optimizer([*model.parameters(), *head.parameters(), *disc.parameters()], cfg.lr,
                                 run.total_steps(len(data)), run.device)
-    run.evaluate(0, model)
+    run.track(disc=disc, gen=gen)
+    run.start(model=model, head=head, opt=opt, sched=sched)
     model.train(), head.train(), disc.train()
     generator.train()  # subtle: frozen, yet its dropout stays on, as in the official code (model.train() reaches it)
     for batch in run.batches(data, tok):

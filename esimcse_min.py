@@ -45,6 +45,9 @@ class Config:
     eval_every: int = 125  # STS-B dev every this many steps [official code]
     dropout: float = 0.1  # hidden and attention dropout [paper §4.2: 0.1 base, 0.15 large]
     out_dir: str = "runs/esimcse"  # best model, log.txt and results.json
+    save_every: int = 500  # steps between checkpoints (out_dir/checkpoint), one also on Ctrl-C/SIGTERM; 0: only then
+    resume: str = ""  # continue the run saved in this out_dir, with its configuration; a finished run is left as is
+    overwrite: bool = False  # replace the run an existing out_dir holds (else such an out_dir is refused)
     dup_rate: float = 0.32  # the most sub-words repeated, as a share of the length; 0: no repetition [paper Table 9]
     queue_size: int = 160  # M, queued negatives, 2.5·B; 0: no queue and no momentum encoder [paper Table 10]
     momentum: float = 0.995  # μ of the momentum encoder's EMA; 0: a dropout-off copy of the encoder [paper §4.2]
@@ -154,12 +157,13 @@ def train(cfg):
         raise UserError(f"{cfg.data}: ESimCSE is unsupervised, one sentence per line (supervised: simcse_min.py)")
     opt, sched = make_optimizer([*model.parameters(), *head.parameters()], cfg.lr, run.total_steps(len(data)),
                                 run.device)
-    rng, queue, epoch = random.Random(cfg.seed), collections.deque(maxlen=cfg.queue_size), 0
-    run.evaluate(0, model)
+    rng, queue = random.Random(cfg.seed), collections.deque(maxlen=cfg.queue_size)
+    run.track(momentum=momentum, queue=queue, rng=rng)
+    run.start(model=model, head=head, opt=opt, sched=sched)
     model.train(), head.train()
     for batch in run.batches(data, tok):
-        if batch.epoch != epoch:  # the queue starts empty in every epoch [official trainers.py]
-            queue, epoch = collections.deque(maxlen=cfg.queue_size), batch.epoch
+        if batch.new_epoch:  # the queue starts empty in every epoch [official trainers.py]
+            queue.clear()
         with autocast(run.device):
             loss, stats = train_step(model, head, batch.ids, batch.mask, cfg, momentum, queue, rng)
         optimizer_step(loss, opt, sched)

@@ -39,6 +39,9 @@ class Config:
     eval_every: int = 125  # STS-B dev every this many steps [official code]
     dropout: float = 0.1  # hidden and attention dropout, the only augmentation [paper Table 3]
     out_dir: str = "runs/simcse"  # best model, log.txt and results.json
+    save_every: int = 500  # steps between checkpoints (out_dir/checkpoint), one also on Ctrl-C/SIGTERM; 0: only then
+    resume: str = ""  # continue the run saved in this out_dir, with its configuration; a finished run is left as is
+    overwrite: bool = False  # replace the run an existing out_dir holds (else such an out_dir is refused)
     hard_weight: float = 0.0  # supervised: added to each row's own contradiction logit, log α [official code]
 
 
@@ -108,7 +111,7 @@ def train(cfg):
     data = run.load_data(tok)
     opt, sched = make_optimizer([*model.parameters(), *head.parameters()], cfg.lr, run.total_steps(len(data)),
                                 run.device)
-    run.evaluate(0, model)
+    run.start(model=model, head=head, opt=opt, sched=sched)
     model.train(), head.train()
     for batch in run.batches(data, tok):
         with autocast(run.device):

@@ -46,6 +46,9 @@ class Config:
     eval_every: int = 125  # STS-B dev every this many steps [official code]
     dropout: float = 0.1  # hidden and attention dropout, the only augmentation [SimCSE Table 3]
     out_dir: str = "runs/simcsepp"  # best model, log.txt and results.json
+    save_every: int = 500  # steps between checkpoints (out_dir/checkpoint), one also on Ctrl-C/SIGTERM; 0: only then
+    resume: str = ""  # continue the run saved in this out_dir, with its configuration; a finished run is left as is
+    overwrite: bool = False  # replace the run an existing out_dir holds (else such an out_dir is refused)
     m: float = 0.9  # scales the positive logit [paper Table 5; official pos_ratio, 1.0 in its combined script]
     lambda_dcl: float = 0.1  # λ_DCL, the weight of DCL; 0 turns DCL off [paper §5.1; official sw_weight]
     temp_dcl: float = 5.0  # τ_DCL, the temperature of DCL [paper §5.1, Table 5; official sw_temp]
@@ -155,7 +158,7 @@ def train(cfg):
         raise UserError(f"{cfg.data} has {len(data[0])} columns: SimCSE++ is unsupervised, give one sentence a line")
     opt, sched = make_optimizer([*model.parameters(), *head.parameters()], cfg.lr, run.total_steps(len(data)),
                                 run.device)
-    run.evaluate(0, model)
+    run.start(model=model, head=head, opt=opt, sched=sched)
     model.train(), head.train()
     for batch in run.batches(data, tok):
         with autocast(run.device):

@@ -165,4 +165,4 @@ def test_train_end_to_end_on_tiny_world_and_rejects_csv(tmp_path):
     csv = tmp_path / "nli.csv"
     csv.write_text("".join(f"{sentence(random.Random(i))},{sentence(random.Random(-i))}\n" for i in range(16)))
     with pytest.raises(common.UserError, match="unsupervised"):
-        train(dataclasses.replace(cfg, data=str(csv)))
+        train(dataclasses.replace(cfg, data=str(csv), out_dir=str(tmp_path / "out-csv")))

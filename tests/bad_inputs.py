@@ -1,0 +1,209 @@
+"""Every bad input we know of, through the real command line: prints a markdown table "input | exit code | message".
+
+    python tests/bad_inputs.py            # builds a tiny world in a temporary folder; about a minute on a CPU
+
+tests/test_inputs.py runs the same cases in-process. Each case: a label, the script, its flags, the exit code it must
+give, and whether the run must leave no out_dir behind (every refusal before training does)."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+sys.path[:0] = [str(TESTS.parent), str(TESTS)]
+
+import common  # noqa: E402
+from tiny_world import make_model, make_senteval, make_world  # noqa: E402
+
+
+def copy_model(src, dst, edit=None):
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.is_file():
+            (dst / f.name).write_bytes(f.read_bytes())
+    if edit:
+        edit(dst)
+    return str(dst)
+
+
+def set_config(**kw):
+    def edit(folder):
+        cfg = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**cfg, **kw}))
+    return edit
+
+
+def unfinished_run(tmp, world):
+    """A run stopped by SIGTERM at step 2 (checkpoint written), made in-process."""
+    import signal
+    import simcse_min
+    out = Path(tmp) / "unfinished"
+    real = simcse_min.optimizer_step
+    calls = []
+
+    def step_then_signal(*args):
+        real(*args)
+        calls.append(1)
+        if len(calls) == 2:
+            signal.raise_signal(signal.SIGTERM)
+    simcse_min.optimizer_step = step_then_signal
+    try:
+        simcse_min.train(simcse_min.Config(**world, device="cpu", batch_size=8, max_steps=4, out_dir=str(out)))
+    except SystemExit:
+        pass
+    finally:
+        simcse_min.optimizer_step = real
+    return out
+
+
+def cases(tmp):
+    """[(label, script, flags, exit code, leaves no out_dir)]; every file they need is made under tmp."""
+    tmp = Path(tmp)
+    (tmp / "world").mkdir()
+    world = make_world(tmp / "world")
+    model = Path(world["model"])
+    files = {"empty.txt": "\n  \n", "short.txt": "one sentence .\ntwo sentences .\n",
+             "bad.csv": "a man ,a woman\nonly one column\n",
+             "pairs.csv": "".join(f"a man {i} ,a woman {i}\n" for i in range(16))}
+    for name, text in files.items():
+        (tmp / name).write_text(text)
+    (tmp / "latin1.txt").write_bytes(b"a man is playing .\na dog runs .\ncaf\xe9 au lait .\n")
+    (tmp / "long.txt").write_text(Path(world["data"]).read_text() + "word " * 5000 + ".\n")
+    (tmp / "adir").mkdir()
+    (tmp / "a_file").write_text("x")
+    done = tmp / "done"
+    senteval_cut = make_senteval(tmp / "senteval_cut")
+    (senteval_cut / "STS/STS12-en-test/STS.gs.MSRpar.txt").unlink()
+    senteval_bad = make_senteval(tmp / "senteval_bad")
+    dev = senteval_bad / "STS/STSBenchmark/sts-dev.csv"
+    dev.write_text(dev.read_text().replace("\t", " ", 4))  # a row cut short
+    models = {
+        "no_config": copy_model(model, tmp / "m_noconfig", lambda d: (d / "config.json").unlink()),
+        "no_vocab": copy_model(model, tmp / "m_novocab", lambda d: (d / "vocab.txt").unlink()),
+        "no_weights": copy_model(model, tmp / "m_noweights", lambda d: (d / "model.safetensors").unlink()),
+        "big_vocab": copy_model(model, tmp / "m_bigvocab", lambda d: (d / "vocab.txt").write_text(
+            (d / "vocab.txt").read_text() + "".join(f"extra{i}\n" for i in range(50)))),
+        "positions": copy_model(model, tmp / "m_positions", set_config(max_position_embeddings=32)),
+        "width": copy_model(model, tmp / "m_width", set_config(intermediate_size=4096)),
+        "heads": copy_model(model, tmp / "m_heads", set_config(num_attention_heads=5)),
+        "json": copy_model(model, tmp / "m_json", lambda d: (d / "config.json").write_text("{\"vocab_size\": 1")),
+        "truncated": copy_model(model, tmp / "m_trunc", lambda d: (d / "model.safetensors").write_bytes(
+            (d / "model.safetensors").read_bytes()[:5000])),
+        "garbage": copy_model(model, tmp / "m_garbage", lambda d: (d / "model.safetensors").write_bytes(
+            (200).to_bytes(8, "little") + b"\xff" * 300)),
+    }
+    out = str(tmp / "out")
+    base = ["--model", world["model"], "--senteval", world["senteval"], "--device", "cpu", "--batch_size", "8",
+            "--max_steps", "2", "--out_dir", out]
+    data = ["--data", world["data"]]
+    c = [
+        ("data file missing", "simcse", base + ["--data", str(tmp / "missing.txt")], 2, True),
+        ("data file is a directory", "simcse", base + ["--data", str(tmp / "adir")], 2, True),
+        ("data file empty (blank lines only)", "simcse", base + ["--data", str(tmp / "empty.txt")], 2, True),
+        ("data file not UTF-8 (Latin-1 on line 3)", "simcse", base + ["--data", str(tmp / "latin1.txt")], 2, True),
+        ("data: fewer sentences than one batch", "simcse", base + ["--data", str(tmp / "short.txt")], 2, True),
+        ("data: CSV with a 1-column row", "simcse", base + ["--data", str(tmp / "bad.csv")], 2, True),
+        ("data: sentence pairs (CSV) given to ESimCSE", "esimcse", base + ["--data", str(tmp / "pairs.csv")], 2, True),
+        ("data: a 25,000-character line (cut, not an error)", "simcse",
+         base[:-1] + [str(tmp / "out_long"), "--data", str(tmp / "long.txt")], 0, False),
+        ("SentEval folder incomplete (a gold file missing)", "simcse", base + data + ["--senteval", str(senteval_cut)],
+         2, True),
+        ("SentEval file malformed (an STS-B dev row cut)", "simcse", base + data + ["--senteval", str(senteval_bad)],
+         2, True),
+        ("SentEval folder missing", "simcse", base + data + ["--senteval", str(tmp / "nowhere")], 2, True),
+        ("model folder missing", "simcse", base + data + ["--model", str(tmp / "nomodel")], 2, True),
+        ("model: no config.json", "simcse", base + data + ["--model", models["no_config"]], 2, True),
+        ("model: no vocab.txt", "simcse", base + data + ["--model", models["no_vocab"]], 2, True),
+        ("model: no weights file", "simcse", base + data + ["--model", models["no_weights"]], 2, True),
+        ("model: vocab.txt larger than the embedding rows", "simcse", base + data + ["--model", models["big_vocab"]],
+         2, True),
+        ("model: config.json positions disagree with the tensors", "simcse",
+         base + data + ["--model", models["positions"]], 2, True),
+        ("model: config.json sizes bigger than the weights", "simcse", base + data + ["--model", models["width"]],
+         2, True),
+        ("model: heads do not divide the width", "simcse", base + data + ["--model", models["heads"]], 2, True),
+        ("model: config.json not JSON", "simcse", base + data + ["--model", models["json"]], 2, True),
+        ("model: model.safetensors truncated", "simcse", base + data + ["--model", models["truncated"]], 2, True),
+        ("model: model.safetensors header garbage", "simcse", base + data + ["--model", models["garbage"]], 2, True),
+        ("--max_len beyond the model's positions", "simcse", base + data + ["--max_len", "100"], 2, True),
+        ("--device cuda without a GPU", "simcse", base + data + ["--device", "cuda"], 2, True),
+        ("--lr abc (not a number)", "simcse", base + data + ["--lr", "abc"], 2, True),
+    ]
+    for flag, value in [("batch_size", "1"), ("lr", "0"), ("lr", "nan"), ("temp", "0"), ("dropout", "1"),
+                        ("max_len", "2"), ("epochs", "0"), ("eval_every", "0"), ("save_every", "-1"),
+                        ("seed", "-1"), ("max_steps", "-5")]:
+        c.append((f"--{flag} {value}", "simcse", base + data + [f"--{flag}", value], 2, True))
+    for script, flag, value in [("esimcse", "dup_rate", "2"), ("esimcse", "queue_size", "-1"),
+                                ("esimcse", "momentum", "1.5"), ("simcsepp", "temp_dcl", "0"),
+                                ("simcsepp", "m", "-1"), ("diffcse", "mask_ratio", "1.5"),
+                                ("diffcse", "lambda_rtd", "-1")]:
+        c.append((f"{script}: --{flag} {value}", script, base + data + [f"--{flag}", value], 2, True))
+    c += [
+        ("--out_dir is a file", "simcse", base[:-1] + [str(tmp / "a_file")] + data, 2, False),
+        ("--out_dir holds a finished run", "simcse", base[:-1] + [str(done)] + data, 2, False),
+        ("--out_dir holds an unfinished run", "simcse", base[:-1] + ["UNFINISHED"] + data, 2, False),
+        ("--resume of a finished run", "simcse", base + data + ["--resume", str(done)], 0, True),
+        ("--resume of a missing folder", "simcse", base + data + ["--resume", str(tmp / "nowhere")], 2, True),
+        ("--resume of a folder without a checkpoint", "simcse", base + data + ["--resume", str(tmp / "adir")], 2,
+         True),
+        ("--resume with a flag that contradicts the run", "simcse", data + ["--resume", "UNFINISHED", "--lr", "1e-3"],
+         2, False),
+        ("--resume of a SimCSE run by ESimCSE", "esimcse", data + ["--resume", "UNFINISHED"], 2, False),
+        ("--resume with a corrupt state.json", "simcse", ["--resume", "CORRUPT"], 2, False),
+        ("--resume and --overwrite together", "simcse", base + data + ["--resume", str(done), "--overwrite", "1"], 2,
+         True),
+        ("non-finite loss (--temp 1e-300)", "simcse", base[:-1] + [str(tmp / "out_nan")] + data +
+         ["--temp", "1e-300"], 3, False),
+    ]
+    return c, dict(world=world, done=done, tmp=tmp)
+
+
+def prepare(tmp, context):
+    """The runs some cases need: a finished one, an unfinished one (checkpoint at step 2), a corrupt checkpoint."""
+    import simcse_min
+    world = {k: v for k, v in context["world"].items() if k != "generator"}
+    with open(os.devnull, "w") as null, __import__("contextlib").redirect_stdout(null):
+        simcse_min.train(simcse_min.Config(**world, device="cpu", batch_size=8, max_steps=2,
+                                           out_dir=str(context["done"])))
+        unfinished = unfinished_run(tmp, world)
+    corrupt = Path(tmp) / "corrupt"
+    (corrupt / "checkpoint").mkdir(parents=True)
+    (corrupt / "checkpoint" / "state.json").write_text("{\"format\": 1, \"method\": \"simcse\", ")
+    return {"UNFINISHED": str(unfinished), "CORRUPT": str(corrupt)}
+
+
+def substitute(args, names):
+    return [names.get(a, a) for a in args]
+
+
+def run_cli(script, args):
+    proc = subprocess.run([sys.executable, f"{script}_min.py", *args], capture_output=True, text=True,
+                          cwd=TESTS.parent, timeout=300)
+    return proc.returncode, proc.stderr
+
+
+def message(stderr):
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ.setdefault("SIMCSE_CACHE", str(Path(tmp) / "cache"))
+        table, context = cases(tmp)
+        names = prepare(tmp, context)
+        print("| input | exit code | message |\n|---|---|---|")
+        failures = 0
+        for label, script, args, code, _ in table:
+            got, stderr = run_cli(script, substitute(args, names))
+            shown = message(stderr).replace(str(tmp), "$TMP").replace("|", "\\|")
+            flag = "" if got == code and "Traceback" not in stderr else " **(unexpected)**"
+            failures += bool(flag)
+            print(f"| {label} | {got}{flag} | `{shown}` |", flush=True)
+        return failures
+
+
+if __name__ == "__main__":
+    sys.exit(1 if main() else 0)

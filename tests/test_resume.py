@@ -1,0 +1,143 @@
+"""Resumable training: a run killed at a random step (SIGKILL: nothing saved at the moment of death) or stopped by
+SIGTERM, then resumed with --resume, ends with exactly the weights and results.json of the same run uninterrupted
+(seeded, deterministic CPU). The oracle is that uninterrupted run; tiny BERT, 2 x 8 steps, checkpoints every 3 steps."""
+import importlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import common
+from tiny_world import make_model, make_senteval, sentence
+
+TIMING = {"train_seconds"}  # differ between any two runs
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("resume-world")
+    rng = random.Random(3)
+    (tmp / "train.txt").write_text("".join(sentence(rng) + "\n" for _ in range(64)))  # 8 steps per epoch
+    return dict(model=str(make_model(tmp / "model")), data=str(tmp / "train.txt"),
+                senteval=str(make_senteval(tmp / "senteval")))
+
+
+def flags(method, world, out, **kw):
+    values = dict(device="cpu", batch_size=8, epochs=2, eval_every=4, save_every=3, out_dir=str(out), **world, **kw)
+    if method == "esimcse":
+        values["queue_size"] = 12  # 1.5 batches: the queue is full, wraps, and is cleared at the epoch start
+    return values
+
+
+def config(method, world, out, **kw):
+    return importlib.import_module(f"{method}_min").Config(**flags(method, world, out, **kw))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(world, tmp_path_factory):
+    done = {}
+
+    def get(method):
+        if method not in done:
+            out = tmp_path_factory.mktemp(f"{method}-uninterrupted")
+            importlib.import_module(f"{method}_min").train(config(method, world, out))
+            done[method] = out
+        return done[method]
+    return get
+
+
+def assert_same_run(a, b):
+    assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+    ra, rb = (json.loads((d / "results.json").read_text()) for d in (a, b))
+    for r in (ra, rb):
+        r["test_details"].pop("seconds")
+        for k in TIMING:
+            r.pop(k)
+        for k in ("out_dir", "resume"):
+            r["config"].pop(k)
+    assert ra == rb
+    assert not (b / "checkpoint").exists()  # a finished run leaves no checkpoint behind
+
+
+def checkpoint_step(out):
+    try:
+        return json.loads((out / "checkpoint" / "state.json").read_text())["step"]
+    except (OSError, ValueError):
+        return 0
+
+
+@pytest.mark.parametrize("method", ["simcse", "esimcse"])
+def test_sigkill_at_a_random_step_then_resume_is_bit_identical(method, world, tmp_path, uninterrupted):
+    seed = random.randrange(10**6)
+    rng = random.Random(seed)
+    out = tmp_path / "out"
+    args = [f"--{k}={v}" for k, v in flags(method, world, out).items()]
+    proc = subprocess.Popen([sys.executable, f"{method}_min.py", *args], cwd=common.Path(common.__file__).parent,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wait_for = rng.choice([3, 6])  # a checkpoint exists, then death at a random moment after it
+    deadline = time.time() + 60
+    while checkpoint_step(out) < wait_for and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.002)
+    time.sleep(rng.uniform(0, 0.05))
+    os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, f"seed {seed}: the run ended before the kill: {proc.stderr.read()}"
+    killed_at = checkpoint_step(out)
+    assert 3 <= killed_at < 16 and not (out / "results.json").exists(), f"seed {seed}"
+    importlib.import_module(f"{method}_min").train(config(method, world, out, resume=str(out)))
+    assert_same_run(uninterrupted(method), out)
+    assert f"resumed from {out / 'checkpoint'} at step {killed_at}/16" in (out / "log.txt").read_text()
+
+
+def test_sigterm_checkpoints_at_the_step_end_and_resume_survives_a_torn_write(world, tmp_path, uninterrupted,
+                                                                            monkeypatch):
+    module, out, calls = importlib.import_module("simcse_min"), tmp_path / "out", []
+    real_step = module.optimizer_step
+
+    def step_then_signal(*args):
+        real_step(*args)
+        calls.append(1)
+        if len(calls) == 7:
+            signal.raise_signal(signal.SIGTERM)
+    monkeypatch.setattr(module, "optimizer_step", step_then_signal)
+    with pytest.raises(SystemExit) as stop:
+        module.train(config("simcse", world, out))
+    assert stop.value.code == 128 + signal.SIGTERM
+    assert checkpoint_step(out) == 7 and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    monkeypatch.undo()
+    # a crash in the middle of the next checkpoint leaves a temporary file and a newer tensor file beside the
+    # last good state.json; neither is read
+    (out / "checkpoint" / ".state.json.x.tmp").write_text("{")
+    (out / "checkpoint" / "tensors-8.safetensors").write_bytes(b"\0" * 5)
+    module.train(config("simcse", world, out, resume=str(out)))
+    assert_same_run(uninterrupted("simcse"), out)
+
+
+def test_resuming_a_finished_run_does_nothing(world, uninterrupted):
+    out = uninterrupted("simcse")
+    before = (out / "results.json").read_bytes()
+    with pytest.raises(common.RunFinished, match="has finished"):
+        importlib.import_module("simcse_min").train(config("simcse", world, out, resume=str(out)))
+    assert (out / "results.json").read_bytes() == before
+
+
+def test_non_finite_loss_stops_naming_the_step_and_keeps_the_best_model(world, tmp_path, monkeypatch):
+    module, out = importlib.import_module("simcse_min"), tmp_path / "out"
+    real_loss, calls = module.loss_fn, []
+
+    def loss_goes_nan(h, *args):
+        loss, stats = real_loss(h, *args)
+        calls.append(1)
+        loss = loss * float("nan") if len(calls) == 6 else loss
+        return loss, {**stats, "loss": loss.detach()}
+    monkeypatch.setattr(module, "loss_fn", loss_goes_nan)
+    with pytest.raises(common.TrainingStopped, match="the loss became nan at step 6") as stop:
+        module.train(config("simcse", world, out))
+    assert stop.value.exit_code == 3
+    results = json.loads((out / "results.json").read_text())
+    assert results["stopped"].startswith("the loss became nan at step 6") and results["best_step"] in (0, 5)
+    assert common.Bert.from_pretrained(out) is not None
