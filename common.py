@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import scipy.stats
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -1298,6 +1299,101 @@ def plot_similarity_by_score(models, path):
     svg.save(path)
 
 
+# --- Multi-GPU: torchrun, DistributedDataParallel, one global batch split across processes ----------------------
+#
+# `torchrun --nproc_per_node N X_min.py ...` starts N processes (ranks). --batch_size stays the global batch: every
+# rank reads the same batch, encodes its share (shard), and the losses see the whole batch (all_gather), so the
+# negatives, queue and BatchNorm statistics are those of one process with the whole batch. One process: no process
+# group, shard and all_gather return their input, and nothing else changes.
+
+def init_distributed(device):
+    """Join torchrun's process group (it sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) -> this rank's
+    device: NCCL and cuda:LOCAL_RANK on CUDA, gloo on the CPU. Not under torchrun (WORLD_SIZE unset or 1): nothing."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return device
+    if device.type == "mps":
+        raise UserError("several processes need --device cuda (NCCL) or --device cpu (gloo), not mps")
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return device
+
+
+def world():
+    """(rank, number of processes); (0, 1) without a process group."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def shard(x, views=1):
+    """This rank's rows of a global batch. x [views*B, ...] holds `views` blocks of B rows, view-major (as make_views
+    stacks them) -> [views*b, ...], b = B/N: rank r takes rows r*b..(r+1)*b of every block. One process: x."""
+    rank, size = world()
+    blocks = x.unflatten(0, (views, -1))  # [views, B, ...]
+    b = blocks.size(1) // size
+    return blocks[:, rank * b:(rank + 1) * b].flatten(0, 1)
+
+
+class _AllGather(torch.autograd.Function):
+    """[views, b, ...] on each rank -> [views, N*b, ...], rank order, on every rank; differentiable.
+
+    Backward: every rank's loss is the whole-batch loss L, and its rows reach L only through this gather, so rank r's
+    true gradient is dL/d(its rows), a slice of the gathered gradient. The slices are summed over ranks before slicing:
+    DistributedDataParallel then averages parameter gradients over the N ranks, and the sum (N times the slice when
+    all ranks compute the same L) cancels that average, so one step equals one process's step on the whole batch.
+    [impl] tests/test_ddp.py checks this against one process; without the sum the step moves 1/N as far."""
+
+    @staticmethod
+    def forward(ctx, x):
+        parts = [torch.empty_like(x) for _ in range(world()[1])]
+        dist.all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim=1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()  # all_reduce works in place; the incoming buffer is autograd's
+        dist.all_reduce(grad)  # sum over ranks
+        rank, size = world()
+        b = grad.size(1) // size
+        return grad[:, rank * b:(rank + 1) * b]
+
+
+def all_gather(x, views=1):
+    """The inverse of shard, with gradient: this rank's [views*b, ...] -> the global [views*B, ...] on every rank."""
+    if world()[1] == 1:
+        return x
+    return _AllGather.apply(x.unflatten(0, (views, -1))).flatten(0, 1)
+
+
+def wrap_ddp(module, device):
+    """DistributedDataParallel around a trained module under torchrun (gradients averaged over ranks after backward);
+    the module itself in one process."""
+    if world()[1] == 1:
+        return module
+    return nn.parallel.DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def unwrap(module):
+    """The module inside DistributedDataParallel (for evaluation, state dicts and saving); else the module."""
+    return module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
+
+
+@contextlib.contextmanager
+def rank0_first():
+    """Rank 0 runs the block first (downloads, cache writes), the other ranks after it, reading what it wrote.
+    Rank 0 releases the others even when it fails, so they fail on the same problem instead of waiting forever."""
+    rank, size = world()
+    if rank > 0:
+        dist.barrier()
+    try:
+        yield
+    finally:
+        if rank == 0 and size > 1:
+            dist.barrier()
+
+
 # --- Training-loop pieces ----------------------------------------------------------------------------------------
 
 def parse_args(config_cls, argv=None):
@@ -1552,7 +1648,9 @@ class Checkpoints:
                             + "--overwrite to replace it, or another --out_dir")
 
     def open_out_dir(self):
-        """Create out_dir and write the log so far: before this, a bad input leaves no file behind."""
+        """Create out_dir and write the log so far: before this, a bad input leaves no file behind. Rank 0 only."""
+        if self.rank > 0:
+            return
         self.out.mkdir(parents=True, exist_ok=True)
         if self.cfg.overwrite:
             shutil.rmtree(self.out / "checkpoint", ignore_errors=True)
@@ -1574,6 +1672,8 @@ class Checkpoints:
         self.catch_signals()
         if self.resumed is not None:
             self.load_checkpoint(self.out / "checkpoint", self.resumed)
+            if self.rank > 0:  # the checkpoint holds rank 0's RNG states: the others draw their own dropout masks
+                torch.manual_seed(self.cfg.seed + self.rank + 1000 * self.step_done)
         else:
             self.evaluate(0, self.model)
 
@@ -1609,6 +1709,8 @@ class Checkpoints:
             sys.exit(128 + self.signal)
 
     def save_checkpoint(self, folder, step):
+        if self.rank > 0:  # the ranks hold the same weights and state; rank 0 writes them
+            return
         folder.mkdir(exist_ok=True)
         tensors = {}
         tree = pack({"objects": {k: state_of(v) for k, v in self.state.items()}, "rng": rng_states()}, tensors)
@@ -1677,19 +1779,36 @@ class Run(Checkpoints):
         self.cfg, self.method = cfg, method
         check_config(cfg)
         self.resumed, self.step_done, self.pending_log = self.resume_config(cfg), 0, []
-        self.device = resolve_device(cfg.device)
-        set_seed(cfg.seed)
+        self.device = self.start_ranks(resolve_device(cfg.device))
+        set_seed(cfg.seed + self.rank)  # rank r's dropout masks; data order and view draws have their own generators
         self.out = Path(cfg.out_dir or f"runs/{method}")
         self.claim_out_dir()
-        self.log(f"{method} | {script} sha256 {sha256_file(script)[:16]} | torch {torch.__version__} | {self.device}")
+        self.log(f"{method} | {script} sha256 {sha256_file(script)[:16]} | torch {torch.__version__} | {self.device}"
+                 + (f" x {self.world_size} processes" if self.world_size > 1 else ""))
         self.log("config " + json.dumps(dataclasses.asdict(cfg)))
-        self.senteval = resolve_senteval(cfg.senteval)
+        with rank0_first():
+            self.senteval = resolve_senteval(cfg.senteval)
         load_sts(self.senteval, "test")  # parsed now: a malformed test file must fail before training, not after
         self.dev_history, self.stats_history, self.align_uniform = [], [], []
         self.best_dev, self.best_step, self.best_state, self.total = -math.inf, 0, None, 0
         self.started, self.last_print = time.time(), 0.0
 
+    def start_ranks(self, device):
+        """Under torchrun: join the process group -> this rank's device; --batch_size is the global batch."""
+        device = init_distributed(device)
+        self.rank, self.world_size = world()
+        if self.cfg.batch_size % self.world_size:
+            raise UserError(f"--batch_size {self.cfg.batch_size} is the global batch and must split evenly over "
+                            f"{self.world_size} processes")
+        return device
+
+    def ddp(self, module):
+        """DistributedDataParallel around a trained module under torchrun; the module itself in one process."""
+        return wrap_ddp(module, self.device)
+
     def log(self, msg):
+        if self.rank > 0:  # rank 0 logs for all
+            return
         print(msg, flush=True)
         if self.pending_log is not None:  # out_dir is not opened yet (start() does it)
             return self.pending_log.append(msg)
@@ -1697,18 +1816,20 @@ class Run(Checkpoints):
             f.write(msg + "\n")
 
     def load_model(self, mlm_head=False):
-        tok = Tokenizer.from_pretrained(self.cfg.model)
-        model = Bert.from_pretrained(self.cfg.model, mlm_head=mlm_head, dropout=self.cfg.dropout)
+        with rank0_first():  # a download happens once
+            tok = Tokenizer.from_pretrained(self.cfg.model)
+            model = Bert.from_pretrained(self.cfg.model, mlm_head=mlm_head, dropout=self.cfg.dropout)
         check_model(self.cfg.model, tok, model, self.cfg.max_len)
         self.tok = tok
         return tok, model.to(self.device)
 
     def load_data(self, tok):
         """Read and tokenize the whole training file once (truncated to max_len, [CLS] and [SEP] included)."""
-        data, seconds, hit = tokenize_file(tok, resolve_data(self.cfg.data), self.cfg.max_len)
+        with rank0_first():  # rank 0 tokenizes and writes the token cache, the others read it
+            data, seconds, hit = tokenize_file(tok, resolve_data(self.cfg.data), self.cfg.max_len)
         self.log(f"data {self.cfg.data}: {len(data)} rows x {data.cols} column(s), "
                  + (f"read from the token cache in {seconds:.1f}s" if hit else f"tokenized in {seconds:.1f}s"))
-        self.dev = DevSet(tok, self.senteval)
+        self.dev = DevSet(tok, self.senteval) if self.rank == 0 else None  # rank 0 evaluates
         self.log("evaluation: STS-B dev Spearman; align/uniform = alignment (dev pairs with gold > 4) and uniformity "
                  "(distinct dev sentences) of the same [CLS] vectors (STS-B test ones: `common.py analyze`)")
         return data
@@ -1744,6 +1865,9 @@ class Run(Checkpoints):
         if not math.isfinite(stats.get("loss", 0.0)):
             self.stop_non_finite(step, stats["loss"])
         extra = "".join(f" | {k} {v:.4f}" for k, v in stats.items() if k != "loss")
+        model = unwrap(model)
+        if self.rank > 0:  # rank 0 evaluates; the others wait for it at the next step's first all_gather
+            return self.end_of_step(step)
         if not (step == 0 or step % self.cfg.eval_every == 0 or step == self.total):
             if time.time() - self.last_print > 10:
                 self.last_print, rate = time.time(), (step - self.step_done) / (time.time() - self.started)
@@ -1766,8 +1890,12 @@ class Run(Checkpoints):
 
     def finish(self, model, tok, extra=None):
         """Best state -> 7-task test table (raw [CLS]), results.json and the saved model in out_dir; then the
-        checkpoint folder goes (results.json marks the run finished)."""
+        checkpoint folder goes (results.json marks the run finished). Rank 0 only; the other ranks just leave."""
         self.release_signals()
+        if self.rank > 0:
+            dist.destroy_process_group()
+            return {}
+        model = unwrap(model)
         if self.best_state is not None:
             model.load_state_dict(self.best_state)
         test = evaluate_sts(model, tok, self.senteval, "test", "cls")
@@ -1784,6 +1912,8 @@ class Run(Checkpoints):
             json.dump(results, f, indent=2)
         shutil.rmtree(self.out / "checkpoint", ignore_errors=True)
         self.log(f"best stsb_dev {self.best_dev:.2f} @ step {self.best_step}; model and results.json in {self.out}")
+        if self.world_size > 1:
+            dist.destroy_process_group()
         return results
 
 

@@ -24,8 +24,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (Bert, CheckpointError, Run, Tokenizer, UserError, autocast, main_guard, make_optimizer,
-                    optimizer_step, parse_args)
+from common import (Bert, CheckpointError, Run, Tokenizer, UserError, all_gather, autocast, main_guard,
+                    make_optimizer, optimizer_step, parse_args, rank0_first, shard)
 
 
 # ---- Config
@@ -78,11 +78,10 @@ def mask_tokens(ids, mask, ratio, mask_id, vocab_size, special_ids, gen):
 
 
 @torch.no_grad()
-def corrupt(generator, ids, mask, cfg, tok, gen):
-    """x -> (x'', labels [N, L]): mask_tokens, then the frozen generator's argmax at every position, [CLS] restored,
-    pads kept [official code: argmax, where the paper says sampling]. subtle: a token the generator reproduces is
-    labelled original (0), and an unmasked token it changes is labelled replaced (1)."""
-    masked, _ = mask_tokens(ids, mask, cfg.mask_ratio, tok.mask_id, len(tok.vocab), (tok.cls_id, tok.sep_id), gen)
+def corrupt(generator, masked, ids, mask, tok):
+    """x masked (mask_tokens) -> (x'', labels [N, L]): the frozen generator's argmax at every position, [CLS]
+    restored, pads kept [official code: argmax, where the paper says sampling]. subtle: a token the generator
+    reproduces is labelled original (0), and an unmasked token it changes is labelled replaced (1)."""
     filled = generator.mlm_logits(generator(masked, mask)).argmax(-1)  # [N, L]
     filled[:, 0] = tok.cls_id
     filled = torch.where(mask.bool(), filled, ids)
@@ -170,12 +169,18 @@ def loss_fn(h, logits, labels, mask, temp, lambda_rtd):
 # ---- Training step
 
 def train_step(model, head, ids, mask, cfg, disc, generator, tok, gen):
-    """One encoder pass over both views stacked; each view's corrupted copy is judged given that view's h."""
+    """One encoder pass over both views stacked; each view's corrupted copy is judged given that view's h.
+    Under torchrun the masks are drawn for the whole batch (the draws of one process), each process encodes and
+    judges its share, [CLS] is gathered before the projector (BatchNorm statistics over all 2B rows, as one process)
+    and the losses see the whole batch gathered (common.py: Multi-GPU)."""
     B = ids.size(0)
     ids, mask = make_views(ids, mask)  # [2B, L]
-    h = head(model(ids, mask)[:, 0])  # [2B, H]
-    corrupted, labels = corrupt(generator, ids, mask, cfg, tok, gen)  # [2B, L]
-    logits = disc(corrupted, mask, h)  # [2B, L, 2], with gradient into h: the conditioning
+    masked, _ = mask_tokens(ids, mask, cfg.mask_ratio, tok.mask_id, len(tok.vocab), (tok.cls_id, tok.sep_id), gen)
+    ids, mask, masked = (shard(t, views=2) for t in (ids, mask, masked))  # [2b, L]: this process's rows
+    h = head(all_gather(model(ids, mask)[:, 0], views=2))  # [2B, H], every process
+    corrupted, labels = corrupt(generator, masked, ids, mask, tok)  # [2b, L]
+    logits = disc(corrupted, mask, shard(h, views=2))  # [2b, L, 2], with gradient into h: the conditioning
+    logits, labels, mask = (all_gather(t, views=2) for t in (logits, labels, mask))  # [2B, L(, 2)], every process
     with torch.autocast(h.device.type, enabled=False):  # the similarity/softmax math in fp32 [DESIGN]
         return loss_fn(h.view(2, B, -1).float(), logits.float(), labels, mask, cfg.temp, cfg.lambda_rtd)
 
@@ -191,12 +196,14 @@ def train(cfg):
         raise UserError(f"{cfg.data}: DiffCSE is unsupervised and takes one sentence per line, not a CSV of "
                         f"{len(data[0])} columns (supervised SimCSE is simcse_min.py)")
     disc = Discriminator(run.load_model()[1]).to(run.device)  # its own copy of the pretrained encoder
-    generator = load_generator(cfg.generator, tok).to(run.device)
+    with rank0_first():  # a download happens once
+        generator = load_generator(cfg.generator, tok).to(run.device)
     gen = torch.Generator(run.device).manual_seed(cfg.seed)  # the masking draws
     opt, sched = make_optimizer([*model.parameters(), *head.parameters(), *disc.parameters()], cfg.lr,
                                 run.total_steps(len(data)), run.device)
     run.track(disc=disc, gen=gen)
     run.start(model=model, head=head, opt=opt, sched=sched)
+    model, head, disc = run.ddp(model), run.ddp(head), run.ddp(disc)
     model.train(), head.train(), disc.train()
     generator.train()  # subtle: frozen, yet its dropout stays on, as in the official code (model.train() reaches it)
     for batch in run.batches(data, tok):

@@ -24,7 +24,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import Run, UserError, autocast, main_guard, make_optimizer, optimizer_step, parse_args
+from common import (Run, UserError, all_gather, autocast, main_guard, make_optimizer, optimizer_step, parse_args,
+                    shard)
 
 
 # ---- Config
@@ -135,13 +136,15 @@ def train_step(model, head, ids, mask, cfg, momentum, queue, rng):
     """One forward pass over both views stacked, dropout on both; after the loss, the momentum encoder's vectors of
     the batch join the queue (a deque: the oldest drop out), so a step sees earlier steps only [official code]."""
     B = ids.size(0)
-    cls = model(*make_views(ids, mask, cfg.dup_rate, rng))[:, 0]  # [2B, H]
-    h = head(cls).view(-1, B, cls.size(-1))  # [2, B, H]
+    views = [shard(v, views=2) for v in make_views(ids, mask, cfg.dup_rate, rng)]  # [2b, L']: drawn for all B rows
+    ids, mask = shard(ids), shard(mask)  # [b, C, L]: this process's rows of the batch (one process: all B)
+    cls = model(*views)[:, 0]  # [2b, H]
+    h = all_gather(head(cls), views=len(cls) // len(ids)).view(-1, B, cls.size(-1))  # [V, B, H], every process
     queued = torch.stack([*queue]) if queue else h.new_zeros(0, h.size(-1), dtype=torch.float)  # [M, H], fp32
     with torch.autocast(h.device.type, enabled=False):  # the similarity/softmax math in fp32 [DESIGN]
         loss, stats = loss_fn(h.float(), queued, cfg.temp)
     if momentum is not None:  # the original sentences, through the online head, detached [official models.py]
-        queue.extend(head(momentum(ids[:, 0], mask[:, 0])[:, 0]).detach().float().unbind())  # B rows, newest last
+        queue.extend(all_gather(head(momentum(ids[:, 0], mask[:, 0])[:, 0]).detach()).float().unbind())  # B rows
     return loss, stats
 
 
@@ -160,6 +163,7 @@ def train(cfg):
     rng, queue = random.Random(cfg.seed), collections.deque(maxlen=cfg.queue_size)
     run.track(momentum=momentum, queue=queue, rng=rng)
     run.start(model=model, head=head, opt=opt, sched=sched)
+    model, head = run.ddp(model), run.ddp(head)
     model.train(), head.train()
     for batch in run.batches(data, tok):
         if batch.new_epoch:  # the queue starts empty in every epoch [official trainers.py]

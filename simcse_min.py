@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import Run, autocast, main_guard, make_optimizer, optimizer_step, parse_args
+from common import Run, all_gather, autocast, main_guard, make_optimizer, optimizer_step, parse_args, shard
 
 
 # ---- Config
@@ -94,10 +94,12 @@ def loss_fn(h, temp, hard_weight=0.0):
 # ---- Training step
 
 def train_step(model, head, ids, mask, cfg):
-    """One forward pass over all views stacked; dropout samples a fresh mask for every row."""
+    """One forward pass over all views stacked; dropout samples a fresh mask for every row. Under torchrun each
+    process encodes its share of the batch and the loss sees the whole batch, gathered (common.py: Multi-GPU)."""
     B = ids.size(0)
-    cls = model(*make_views(ids, mask))[:, 0]  # [V*B, H]
-    h = head(cls).view(-1, B, cls.size(-1))  # [V, B, H]
+    ids, mask = shard(ids), shard(mask)  # [b, C, L]: this process's rows of the batch (one process: all B)
+    cls = model(*make_views(ids, mask))[:, 0]  # [V*b, H]
+    h = all_gather(head(cls), views=len(cls) // len(ids)).view(-1, B, cls.size(-1))  # [V, B, H], every process
     with torch.autocast(h.device.type, enabled=False):  # the similarity/softmax math in fp32 [DESIGN]
         return loss_fn(h.float(), cfg.temp, cfg.hard_weight)
 
@@ -112,6 +114,7 @@ def train(cfg):
     opt, sched = make_optimizer([*model.parameters(), *head.parameters()], cfg.lr, run.total_steps(len(data)),
                                 run.device)
     run.start(model=model, head=head, opt=opt, sched=sched)
+    model, head = run.ddp(model), run.ddp(head)
     model.train(), head.train()
     for batch in run.batches(data, tok):
         with autocast(run.device):

@@ -25,7 +25,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import Run, UserError, autocast, main_guard, make_optimizer, optimizer_step, parse_args
+from common import (Run, UserError, all_gather, autocast, main_guard, make_optimizer, optimizer_step, parse_args,
+                    shard)
 
 
 # ---- Config
@@ -136,13 +137,15 @@ def loss_fn(h, temp, m, lambda_dcl, temp_dcl):
 
 def train_step(model, head, ids, mask, cfg):
     """One forward pass over both dropout views stacked, then a pass of the sentences with every dropout off,
-    with gradient [official code]; the head (no dropout) maps all 3*B rows."""
+    with gradient [official code]; the head (no dropout) maps all 3*B rows. Under torchrun each process encodes its
+    share of the batch and the loss sees the whole batch, gathered: negatives and DCL over all B (common.py)."""
     B = ids.size(0)
-    cls = model(*make_views(ids, mask))[:, 0]  # [2*B, H]
+    ids, mask = shard(ids), shard(mask)  # [b, C, L]: this process's rows of the batch (one process: all B)
+    cls = model(*make_views(ids, mask))[:, 0]  # [2*b, H]
     if cfg.off_dropout:
         with dropout_off(model):
-            cls = torch.cat([cls, model(ids[:, 0], mask[:, 0])[:, 0]])  # [3*B, H]
-    h = head(cls).view(-1, B, cls.size(-1))  # [V, B, H]
+            cls = torch.cat([cls, model(ids[:, 0], mask[:, 0])[:, 0]])  # [3*b, H]
+    h = all_gather(head(cls), views=len(cls) // len(ids)).view(-1, B, cls.size(-1))  # [V, B, H], every process
     with torch.autocast(h.device.type, enabled=False):  # the similarity/softmax math in fp32 [DESIGN]
         return loss_fn(h.float(), cfg.temp, cfg.m, cfg.lambda_dcl, cfg.temp_dcl)
 
@@ -159,6 +162,7 @@ def train(cfg):
     opt, sched = make_optimizer([*model.parameters(), *head.parameters()], cfg.lr, run.total_steps(len(data)),
                                 run.device)
     run.start(model=model, head=head, opt=opt, sched=sched)
+    model, head = run.ddp(model), run.ddp(head)
     model.train(), head.train()
     for batch in run.batches(data, tok):
         with autocast(run.device):

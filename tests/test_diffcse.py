@@ -94,7 +94,8 @@ def test_corrupt_restores_cls_keeps_pads_and_labels_changes():
     _, _, _, generator = tiny_models()
     ids, mask = sentences(6, 12, seed=3)
     cfg = Config(mask_ratio=0.3)
-    x2, labels = corrupt(generator, ids, mask, cfg, TOK, torch.Generator().manual_seed(0))
+    masked, _ = mask_tokens(ids, mask, cfg.mask_ratio, TOK.mask_id, 128, SPECIAL, torch.Generator().manual_seed(0))
+    x2, labels = corrupt(generator, masked, ids, mask, TOK)
     assert torch.equal(x2[:, 0], ids[:, 0]) and torch.equal(x2[mask == 0], ids[mask == 0])
     assert torch.equal(labels, (x2 != ids).long()) and not labels[mask == 0].any() and labels.any()
 
