@@ -1818,7 +1818,8 @@ class Run(Checkpoints):
     def load_model(self, mlm_head=False):
         with rank0_first():  # a download happens once
             tok = Tokenizer.from_pretrained(self.cfg.model)
-            model = Bert.from_pretrained(self.cfg.model, mlm_head=mlm_head, dropout=self.cfg.dropout)
+            model = Bert.from_pretrained(self.cfg.model, mlm_head=mlm_head, dropout=self.cfg.dropout,
+                                         quiet=self.rank > 0)
         check_model(self.cfg.model, tok, model, self.cfg.max_len)
         self.tok = tok
         return tok, model.to(self.device)
