@@ -94,8 +94,7 @@ def loss_fn(h, temp, hard_weight=0.0):
 # ---- Training step
 
 def train_step(model, head, ids, mask, cfg):
-    """One forward pass over all views stacked; dropout samples a fresh mask for every row. Under torchrun each
-    process encodes its share of the batch and the loss sees the whole batch, gathered (common.py: Multi-GPU)."""
+    """One forward pass over all views stacked; dropout samples a fresh mask for every row. Multi-GPU: common.py."""
     B = ids.size(0)
     ids, mask = shard(ids), shard(mask)  # [b, C, L]: this process's rows of the batch (one process: all B)
     cls = model(*make_views(ids, mask))[:, 0]  # [V*b, H]
