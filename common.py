@@ -1607,6 +1607,7 @@ class Checkpoints:
     best weights). Tensor files are written first under new names, state.json last by an atomic rename, and only
     then are older files deleted: a crash at any moment leaves the previous checkpoint whole."""
     histories = ("dev_history", "stats_history", "align_uniform")  # Run's per-evaluation lists, saved as they are
+    signal = None  # the signal received (catch_signals)
 
     def resume_config(self, cfg):
         """--resume DIR: the saved run's configuration replaces cfg's fields (in place, so train() sees it); a flag
@@ -1640,7 +1641,7 @@ class Checkpoints:
         """Refuse an out_dir that holds another run (unless --overwrite); create nothing yet."""
         if self.out.exists() and not self.out.is_dir():
             raise UserError(f"--out_dir {self.out} is a file, not a folder")
-        found = [n for n in ("results.json", "checkpoint", "model.safetensors", "log.txt") if (self.out / n).exists()]
+        found = [n for n in ("results.json", "checkpoint", "model.safetensors") if (self.out / n).exists()]
         if found and not (self.cfg.resume or self.cfg.overwrite):
             unfinished = (self.out / "checkpoint" / "state.json").exists() and "results.json" not in found
             raise UserError(f"--out_dir {self.out} already holds a run ({', '.join(found)}); pass "
@@ -1704,8 +1705,8 @@ class Checkpoints:
             self.save_checkpoint(self.out / "checkpoint", step)
         if self.signal:
             self.release_signals()
-            self.log(f"{signal.Signals(self.signal).name} at step {step}: checkpoint saved; continue with "
-                     f"--resume {self.out}")
+            self.log(f"{signal.Signals(self.signal).name} at step {step}: " + (
+                f"checkpoint saved; continue with --resume {self.out}" if step else "stopped before any training"))
             sys.exit(128 + self.signal)
 
     def save_checkpoint(self, folder, step):
