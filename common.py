@@ -1627,9 +1627,10 @@ class Checkpoints:
             raise UserError(f"--resume {cfg.resume} holds a {meta.get('method')} run, not {self.method}")
         saved = meta["config"]
         for f in dataclasses.fields(cfg):  # device, SentEval folder and save_every may change; nothing else may
-            if f.name in ("resume", "overwrite", "out_dir", "device", "senteval", "save_every"):
-                continue
             given = getattr(cfg, f.name)
+            if f.name in ("resume", "overwrite", "out_dir") or (f.name in ("device", "senteval", "save_every")
+                                                                  and given != f.default):
+                continue
             if given != f.default and given != saved.get(f.name, f.default):
                 raise UserError(f"--{f.name} {given} contradicts the resumed run's {saved.get(f.name)}: a resumed "
                                 f"run keeps its configuration (leave the flag out)")

@@ -88,7 +88,8 @@ def test_sigkill_at_a_random_step_then_resume_is_bit_identical(method, world, tm
     assert proc.wait() == -signal.SIGKILL, f"seed {seed}: the run ended before the kill: {proc.stderr.read()}"
     killed_at = checkpoint_step(out)
     assert 3 <= killed_at < 16 and not (out / "results.json").exists(), f"seed {seed}"
-    importlib.import_module(f"{method}_min").train(config(method, world, out, resume=str(out)))
+    module = importlib.import_module(f"{method}_min")
+    module.train(module.Config(resume=str(out)))  # `--resume DIR` alone: the rest comes from the checkpoint
     assert_same_run(uninterrupted(method), out)
     assert f"resumed from {out / 'checkpoint'} at step {killed_at}/16" in (out / "log.txt").read_text()
 
