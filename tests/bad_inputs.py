@@ -198,7 +198,7 @@ def main():
         failures = 0
         for label, script, args, code, _ in table:
             got, stderr = run_cli(script, substitute(args, names))
-            shown = message(stderr).replace(str(tmp), "$TMP").replace("|", "\\|")
+            shown = message(stderr).replace(str(tmp), "$TMP").replace("|", "\\|").replace("`", "'")
             flag = "" if got == code and "Traceback" not in stderr else " **(unexpected)**"
             failures += bool(flag)
             print(f"| {label} | {got}{flag} | `{shown}` |", flush=True)
