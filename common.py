@@ -1212,8 +1212,9 @@ class Axes:
         s.text(self.left + self.w / 2, bottom + (58 if xticks else 40), xlabel, 12)
         s.text(self.left - 52, self.top + self.h / 2, ylabel, 12, rotate=True)
 
-    def legend(self, entries, x, y):
-        """entries: (label, color, kind) with kind 'line', 'point' or 'box'; drawn from (x, y) down, boxed."""
+    def legend(self, entries, x, y, notes=()):
+        """entries: (label, color, kind) with kind 'line', 'point' or 'box'; drawn from (x, y) down, boxed;
+        notes: grey lines of explanation below the box."""
         width = 40 + 6.5 * max(len(label) for label, _, _ in entries)
         self.svg.rect(x - 6, y - 12, width, 18 * len(entries) + 6, fill="#fff", stroke="#999")
         for i, (label, color, kind) in enumerate(entries):
@@ -1225,6 +1226,8 @@ class Axes:
             else:
                 self.svg.circle(x + 11, yy, 5, color, "#000")
             self.svg.text(x + 30, yy + 4, label, 11, "start")
+        for i, note in enumerate(notes):
+            self.svg.text(x - 6, y + 18 * len(entries) + 14 + 15 * i, note, 11, "start", fill="#555")
 
 
 def _limits(values, pad=0.08):
@@ -1253,15 +1256,18 @@ def plot_plane(models, runs, path):
     entries = [(m["name"], m["color"], "point") for m in models]
     entries += [(f"{r['name']}: steps {r['align_uniform'][0][0]}→{r['align_uniform'][-1][0]}", r["color"], "line")
                 for r in runs]
-    ax.legend(entries, 545, 52)
+    ax.legend(entries, 545, 52, ["big points: the models;", "small dots: a run's evaluations"] if runs else [])
     svg.save(path)
 
 
 def plot_singular_values(models, path):
     """Normalised singular values of the STS-B test embedding matrix, log scale [SimCSE App. F]: flatter is more
     isotropic."""
-    curves = [np.maximum(np.asarray(m["test"]["singular_values"]), 1e-6) for m in models]
-    low = 10 ** math.floor(math.log10(min(c.min() for c in curves)))
+    curves = [np.asarray(m["test"]["singular_values"]) for m in models]
+    # the floor covers 99% of the values; the last one or two can be ~0 (a final LayerNorm puts the vectors near a
+    # hyperplane) and would squash the rest: they are drawn at the floor
+    low = 10 ** math.floor(math.log10(max(min(np.quantile(c, 0.01) for c in curves), 1e-12)))
+    curves = [np.maximum(c, low) for c in curves]
     n = max(len(c) for c in curves)
     svg = SVG(820, 450)
     ax = Axes(svg, (80, 40, 440, 350), (1, n), (low, 1.0), ylog=True)
@@ -1269,7 +1275,8 @@ def plot_singular_values(models, path):
              "singular value / largest")
     for m, c in zip(models, curves):
         svg.polyline([(ax.px(i + 1), ax.py(v)) for i, v in enumerate(c)], m["color"], 1.8)
-    ax.legend([(m["name"], m["color"], "line") for m in models], 545, 52)
+    ax.legend([(m["name"], m["color"], "line") for m in models], 545, 52,
+              [f"{n} values; rows L2-normalised;", "values below the axis: drawn at its floor"])
     svg.save(path)
 
 
@@ -1295,7 +1302,8 @@ def plot_similarity_by_score(models, path):
             svg.rect(x0, ax.py(g["q75"]), x1 - x0, ax.py(g["q25"]) - ax.py(g["q75"]), m["color"], m["color"], 1, 0.35)
             svg.line(x0, ax.py(g["median"]), x1, ax.py(g["median"]), "#000", 1.5)
             svg.circle(xm, ax.py(g["mean"]), 2, "#fff", "#000", 0.8)
-    ax.legend([(m["name"], m["color"], "box") for m in models], 545, 52)
+    ax.legend([(m["name"], m["color"], "box") for m in models], 545, 52,
+              ["box: quartiles; line: median; dot: mean;", "whiskers: 5th to 95th percentile"])
     svg.save(path)
 
 
