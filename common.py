@@ -1241,7 +1241,7 @@ def plot_plane(models, runs, path):
     and each training run's trajectory through its evaluations (dev, where training measured them)."""
     pts = [(m["dev"]["uniformity"], m["dev"]["alignment"]) for m in models]
     traj = [[(u, a) for _, a, u in r["align_uniform"] if a is not None and u is not None] for r in runs]
-    xs, ys = zip(*(pts + [p for t in traj for p in t]))
+    xs, ys = zip(*[p for p in pts + [p for t in traj for p in t] if all(map(math.isfinite, p))] or [(0, 0)])
     svg = SVG(820, 490)
     ax = Axes(svg, (80, 40, 440, 390), _limits(xs), _limits(ys))
     ax.frame("Alignment vs uniformity, STS-B dev", "uniformity  log E exp(-2‖x − y‖²)  (lower is better)",
@@ -1251,7 +1251,8 @@ def plot_plane(models, runs, path):
         for u, a in t[1:]:
             svg.circle(ax.px(u), ax.py(a), 2.5, r["color"])
     for m, (u, a) in zip(models, pts):
-        svg.circle(ax.px(u), ax.py(a), 6, m["color"], "#000")
+        if math.isfinite(u) and math.isfinite(a):  # NaN alignment: no pair with gold > 4 (tiny data sets only)
+            svg.circle(ax.px(u), ax.py(a), 6, m["color"], "#000")
     svg.text(ax.left + 8, ax.top + ax.h - 8, "↙ lower-left is better", 11, "start", fill="#666")
     entries = [(m["name"], m["color"], "point") for m in models]
     entries += [(f"{r['name']}: steps {r['align_uniform'][0][0]}→{r['align_uniform'][-1][0]}", r["color"], "line")
