@@ -1213,14 +1213,14 @@ class Axes:
         s.text(self.left - 52, self.top + self.h / 2, ylabel, 12, rotate=True)
 
     def legend(self, entries, x, y, notes=()):
-        """entries: (label, color, kind) with kind 'line', 'point' or 'box'; drawn from (x, y) down, boxed;
+        """entries: (label, color, kind) with kind 'line', 'wide line', 'point' or 'box'; drawn from (x, y) down, boxed;
         notes: grey lines of explanation below the box."""
         width = 40 + 6.5 * max(len(label) for label, _, _ in entries)
         self.svg.rect(x - 6, y - 12, width, 18 * len(entries) + 6, fill="#fff", stroke="#999")
         for i, (label, color, kind) in enumerate(entries):
             yy = y + 18 * i
-            if kind == "line":
-                self.svg.line(x, yy, x + 22, yy, color, 2)
+            if kind in ("line", "wide line"):
+                self.svg.line(x, yy, x + 22, yy, color, 4 if kind == "wide line" else 2)
             elif kind == "box":
                 self.svg.rect(x + 4, yy - 6, 14, 12, fill=color, stroke="#000", opacity=0.5)
             else:
@@ -1250,9 +1250,9 @@ def plot_plane(models, runs, path):
         svg.polyline([(ax.px(u), ax.py(a)) for u, a in t], r["color"], 1.5, dash="5,3")
         for u, a in t[1:]:
             svg.circle(ax.px(u), ax.py(a), 2.5, r["color"])
-    for m, (u, a) in zip(models, pts):
+    for i, (m, (u, a)) in enumerate(zip(models, pts)):  # the first (reference) model larger: a ring if covered
         if math.isfinite(u) and math.isfinite(a):  # NaN alignment: no pair with gold > 4 (tiny data sets only)
-            svg.circle(ax.px(u), ax.py(a), 6, m["color"], "#000")
+            svg.circle(ax.px(u), ax.py(a), 6 if i else 8.5, m["color"], "#000")
     svg.text(ax.left + 8, ax.top + ax.h - 8, "↙ lower-left is better", 11, "start", fill="#666")
     entries = [(m["name"], m["color"], "point") for m in models]
     entries += [(f"{r['name']}: steps {r['align_uniform'][0][0]}→{r['align_uniform'][-1][0]}", r["color"], "line")
@@ -1265,8 +1265,8 @@ def plot_singular_values(models, path):
     """Normalised singular values of the STS-B test embedding matrix, log scale [SimCSE App. F]: flatter is more
     isotropic."""
     curves = [np.asarray(m["test"]["singular_values"]) for m in models]
-    # the floor covers 99% of the values; the last one or two can be ~0 (a final LayerNorm puts the vectors near a
-    # hyperplane) and would squash the rest: they are drawn at the floor
+    # the floor covers 99% of the values; the last few can be ~0 (all-MiniLM-L6-v2 has three dead output dimensions:
+    # final LayerNorm weight and bias ~1e-32) and would squash the rest: they are drawn at the floor
     low = 10 ** math.floor(math.log10(max(min(np.quantile(c, 0.01) for c in curves), 1e-12)))
     curves = [np.maximum(c, low) for c in curves]
     n = max(len(c) for c in curves)
@@ -1274,9 +1274,9 @@ def plot_singular_values(models, path):
     ax = Axes(svg, (80, 40, 440, 350), (1, n), (low, 1.0), ylog=True)
     ax.frame("Singular values of the embedding matrix, STS-B test", "index (descending)",
              "singular value / largest")
-    for m, c in zip(models, curves):
-        svg.polyline([(ax.px(i + 1), ax.py(v)) for i, v in enumerate(c)], m["color"], 1.8)
-    ax.legend([(m["name"], m["color"], "line") for m in models], 545, 52,
+    for k, (m, c) in enumerate(zip(models, curves)):  # the first (reference) model wider: a halo if covered
+        svg.polyline([(ax.px(i + 1), ax.py(v)) for i, v in enumerate(c)], m["color"], 1.6 if k else 4)
+    ax.legend([(m["name"], m["color"], "line" if k else "wide line") for k, m in enumerate(models)], 545, 52,
               [f"{n} values; rows L2-normalised;", "values below the axis: drawn at its floor"])
     svg.save(path)
 
