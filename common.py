@@ -20,6 +20,7 @@ import dataclasses
 import hashlib
 import http.client
 import inspect
+import itertools
 import json
 import math
 import multiprocessing
@@ -169,26 +170,21 @@ class Tokenizer:
 
     def encode(self, text, max_len=None):
         """text -> [CLS] ids [SEP], truncated to max_len tokens (counting [CLS] and [SEP]) keeping [SEP]."""
-        ids = [self.cls_id]
+        ids, cache, limit = [self.cls_id], self._cache, math.inf if max_len is None else max_len - 1
         for chunk in _SPECIAL_SPLIT.split(text) if "[" in text else (text,):
             if chunk in SPECIAL_TOKENS:
                 ids.append(self.vocab[chunk])  # special-token strings in the text are kept whole [HF]
-            else:
-                for word in basic_clean(chunk).split():
-                    ids += self.encode_word(word)
-        if max_len is not None and len(ids) > max_len - 1:
-            ids = ids[:max_len - 1]
-        return ids + [self.sep_id]
+                continue
+            for word in basic_clean(chunk).split():
+                if len(ids) >= limit:
+                    break  # the rest would be truncated away: 32-token training rows stop early
+                known = cache.get(word)  # the per-word cache, inlined: most words repeat
+                ids += known if known is not None else self.encode_word(word)
+        return ids[:limit] + [self.sep_id] if len(ids) > limit else ids + [self.sep_id]
 
-    def pad(self, id_lists):
-        """Pad to the longest: (ids [B, L], mask [B, L]) as LongTensors, mask 1 on real tokens."""
-        width = max(len(x) for x in id_lists)
-        ids = torch.full((len(id_lists), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(id_lists), width), dtype=torch.long)
-        for i, x in enumerate(id_lists):
-            ids[i, :len(x)] = torch.tensor(x)
-            mask[i, :len(x)] = 1
-        return ids, mask
+    def pad(self, id_lists, width=None):
+        """Pad to the longest (or to `width`): (ids [B, L], mask [B, L]) as LongTensors, mask 1 on real tokens."""
+        return pad_ids(id_lists, self.pad_id, width)
 
     def __call__(self, texts, max_len=None):
         return self.pad([self.encode(t, max_len) for t in texts])
@@ -197,15 +193,26 @@ class Tokenizer:
         return hashlib.sha256("\n".join(self.vocab).encode() + bytes([self.lower, self.strip_accents])).hexdigest()
 
 
+def pad_ids(id_lists, pad_id, width=None):
+    """Id lists -> (ids [B, L], mask [B, L]) LongTensors, L the longest (at least `width`): one numpy scatter,
+    not a Python loop over rows (a boolean-mask assignment fills row by row, left to right)."""
+    lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))  # [B]
+    mask = np.arange(max(width or 0, int(lengths.max()))) < lengths[:, None]  # [B, L] bool
+    ids = np.full(mask.shape, pad_id, dtype=np.int64)  # [B, L]
+    ids[mask] = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64, count=int(lengths.sum()))
+    return torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64))
+
+
 def _encode_chunk(args):
     tok, texts, max_len = args
     return [tok.encode(t, max_len) for t in texts]
 
 
-def tokenize_corpus(tok, texts, max_len=None, workers=None):
-    """Tokenize many sentences, in parallel processes when there are enough to pay for it."""
+def tokenize_corpus(tok, texts, max_len=None, workers=None, min_parallel=20_000):
+    """Tokenize many sentences, in `workers` processes (all cores by default) when there are at least
+    `min_parallel` of them: below that, starting the processes costs more than it saves."""
     workers = workers or os.cpu_count() or 1
-    if workers == 1 or len(texts) < 20_000:
+    if workers == 1 or len(texts) < min_parallel:
         return [tok.encode(t, max_len) for t in texts]
     size = math.ceil(len(texts) / (4 * workers))
     chunks = [(tok, texts[i:i + size], max_len) for i in range(0, len(texts), size)]
@@ -311,11 +318,14 @@ class Layer(nn.Module):
         self.ffn_norm = nn.LayerNorm(H, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
-    def forward(self, x, keep):  # x [B, L, H], keep [B, 1, 1, L] bool (True = a real token to attend to)
+    def forward(self, x, keep, cls_only=False):  # x [B, L, H], keep [B, 1, 1, L] bool (True = a real token)
+        """-> [B, L, H]; cls_only: [B, 1, H], the [CLS] row only (its query; keys and values over every token)."""
         B, L, H = x.shape
-        q, k, v = (p(x).view(B, L, self.heads, -1).transpose(1, 2) for p in (self.query, self.key, self.value))
+        rows = x[:, :1] if cls_only else x  # [B, Q, H], Q = 1 or L
+        q = self.query(rows).view(B, rows.size(1), self.heads, -1).transpose(1, 2)  # [B, heads, Q, H/heads]
+        k, v = (p(x).view(B, L, self.heads, -1).transpose(1, 2) for p in (self.key, self.value))  # [B, heads, L, .]
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=self.attn_p if self.training else 0.0)
-        x = self.attn_norm(x + self.dropout(self.attn_out(a.transpose(1, 2).reshape(B, L, H))))  # [B, L, H]
+        x = self.attn_norm(rows + self.dropout(self.attn_out(a.transpose(1, 2).reshape(B, -1, H))))  # [B, Q, H]
         return self.ffn_norm(x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(x)))))  # exact (erf) GELU [BERT]
 
 
@@ -351,15 +361,18 @@ class Bert(nn.Module):
     def embed(self, ids):  # ids [B, L] -> x [B, L, H]
         return self.embeddings(ids)
 
-    def encode(self, x, mask, all_layers=False):  # x [B, L, H], mask [B, L] -> [B, L, H] (or every layer's)
+    def encode(self, x, mask, all_layers=False, cls_only=False):  # x [B, L, H], mask [B, L] -> [B, L, H]
+        """The last layer's states (or every layer's). cls_only: the last layer computes the [CLS] row alone,
+        [B, 1, H], for callers that read [CLS] only (training steps, CLS evaluation): 1/L of its query, output
+        and FFN work. Nothing after the last layer looks at the other rows, so [CLS] is unchanged."""
         keep = mask.bool()[:, None, None, :]  # [B, 1, 1, L]
         states = [x]
-        for layer in self.layers:
-            states.append(layer(states[-1], keep))
+        for i, layer in enumerate(self.layers):
+            states.append(layer(states[-1], keep, cls_only=cls_only and i == len(self.layers) - 1))
         return states if all_layers else states[-1]
 
-    def forward(self, ids, mask):  # ids, mask [B, L] -> [B, L, H]
-        return self.encode(self.embed(ids), mask)
+    def forward(self, ids, mask, cls_only=False):  # ids, mask [B, L] -> [B, L, H] ([B, 1, H] when cls_only)
+        return self.encode(self.embed(ids), mask, cls_only=cls_only)
 
     def mlm_logits(self, h):  # h [B, L, H] -> [B, L, V]
         return self.mlm(h, self.embeddings.word_embeddings.weight)
@@ -861,15 +874,19 @@ def batches(n, batch_size, seed, epoch):
     return [order[i:i + batch_size] for i in range(0, n - batch_size + 1, batch_size)]
 
 
-def collate(tok, rows, device):
-    """Rows of C columns of id lists -> ids, mask [B, C, L], every column padded to the same length."""
-    ids, mask = tok.pad([x for r in rows for x in r])  # [B*C, L]
+def collate(tok, rows, device, width=None):
+    """Rows of C columns of id lists -> ids, mask [B, C, L], every column padded to the longest (or to `width`:
+    static shapes for a compiled model)."""
+    ids, mask = tok.pad([x for r in rows for x in r], width)  # [B*C, L]
     B, C = len(rows), len(rows[0])
-    pin = device.type == "cuda"
-    ids, mask = (t.view(B, C, -1) for t in (ids, mask))
-    if pin:
-        ids, mask = ids.pin_memory(), mask.pin_memory()
-    return ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)
+    return to_device(ids.view(B, C, -1), device), to_device(mask.view(B, C, -1), device)
+
+
+def to_device(t, device):
+    """CPU tensor -> device; on CUDA through pinned memory, so the copy does not block the host."""
+    if device.type == "cuda":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
 
 
 # --- STS evaluation (SimCSE's SentEval fork: cosine similarity, Spearman x 100, 'all' for STS12-16) ---------------
@@ -972,8 +989,8 @@ def encode_sentences(model, tok, sentences, pooler="cls", batch_size=128, id_lis
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
-            ids, mask = (t.to(device, non_blocking=True) for t in tok.pad([id_lists[i] for i in idx]))
-            states = model.encode(model.embed(ids), mask, all_layers=pooler != "cls")
+            ids, mask = (to_device(t, device) for t in tok.pad([id_lists[i] for i in idx]))  # [b, L] each
+            states = model.encode(model.embed(ids), mask, all_layers=pooler != "cls", cls_only=pooler == "cls")
             out[idx] = pool(states if pooler != "cls" else [states], mask, pooler).float().cpu()
     model.train(was_training)
     return out
@@ -1803,6 +1820,7 @@ class Run(Checkpoints):
         self.dev_history, self.stats_history, self.align_uniform = [], [], []
         self.best_dev, self.best_step, self.best_state, self.total = -math.inf, 0, None, 0
         self.started, self.last_print = time.time(), 0.0
+        self.width = None  # training batches padded to the longest row; max_len once compiled (static shapes)
 
     def start_ranks(self, device):
         """Under torchrun: join the process group -> this rank's device; --batch_size is the global batch."""
@@ -1866,7 +1884,21 @@ class Run(Checkpoints):
                 if step > self.total:
                     return
                 if step > self.step_done:
-                    yield Batch(step, epoch, *collate(tok, [data[i] for i in idx], self.device), position == 0)
+                    yield Batch(step, epoch, *collate(tok, [data[i] for i in idx], self.device, self.width),
+                                position == 0)
+
+    def compile(self, model):
+        """--compile: torch.compile the encoder's forward in place. Module.compile keeps the parameter names, so
+        the best-state copy and the saved checkpoint have no `_orig_mod.` prefix. On CUDA the 'reduce-overhead'
+        mode replays CUDA graphs, which want static shapes: training batches are then padded to max_len.
+        Evaluation calls model.encode, which stays eager (its batch lengths vary)."""
+        if not self.cfg.compile:
+            return model
+        self.width = self.cfg.max_len
+        model.compile(mode="reduce-overhead" if self.device.type == "cuda" else None)
+        self.log(f"compiled the encoder (torch.compile, {'CUDA graphs' if self.device.type == 'cuda' else 'inductor'})"
+                 f"; the first steps include the compilation")
+        return model
 
     def evaluate(self, step, model, stats=None):
         """STS-B dev (raw [CLS]) at step 0, every eval_every steps and at the last step; keep the best state.

@@ -49,6 +49,7 @@ class Config:
     save_every: int = 500  # steps between checkpoints (out_dir/checkpoint), one also on Ctrl-C/SIGTERM; 0: only then
     resume: str = ""  # continue the run saved in this out_dir, with its configuration; a finished run is left as is
     overwrite: bool = False  # replace the run an existing out_dir holds (else such an out_dir is refused)
+    compile: bool = False  # torch.compile the encoder (CUDA graphs on CUDA; the first steps compile)
     mask_ratio: float = 0.30  # share of real tokens masked for the generator [paper App. A, BERT-base]
     lambda_rtd: float = 0.005  # λ_RTD, the weight of the token-mean RTD loss [paper App. A; official run_diffcse.sh]
     generator: str = "distilbert-base-uncased"  # frozen masked LM with its MLM head [paper §4.1; official code]
@@ -177,7 +178,7 @@ def train_step(model, head, ids, mask, cfg, disc, generator, tok, gen):
     ids, mask = make_views(ids, mask)  # [2B, L]
     masked, _ = mask_tokens(ids, mask, cfg.mask_ratio, tok.mask_id, len(tok.vocab), (tok.cls_id, tok.sep_id), gen)
     ids, mask, masked = (shard(t, views=2) for t in (ids, mask, masked))  # [2b, L]: this process's rows
-    h = head(all_gather(model(ids, mask)[:, 0], views=2))  # [2B, H], every process
+    h = head(all_gather(model(ids, mask, cls_only=True)[:, 0], views=2))  # [2B, H], every process
     corrupted, labels = corrupt(generator, masked, ids, mask, tok)  # [2b, L]
     logits = disc(corrupted, mask, shard(h, views=2))  # [2b, L, 2], with gradient into h: the conditioning
     logits, labels, mask = (all_gather(t, views=2) for t in (logits, labels, mask))  # [2B, L(, 2)], every process
@@ -202,6 +203,7 @@ def train(cfg):
     opt, sched = make_optimizer([*model.parameters(), *head.parameters(), *disc.parameters()], cfg.lr,
                                 run.total_steps(len(data)), run.device)
     run.track(disc=disc, gen=gen)
+    run.compile(model)
     run.start(model=model, head=head, opt=opt, sched=sched)
     model, head, disc = run.ddp(model), run.ddp(head), run.ddp(disc)
     model.train(), head.train(), disc.train()

@@ -49,6 +49,7 @@ class Config:
     save_every: int = 500  # steps between checkpoints (out_dir/checkpoint), one also on Ctrl-C/SIGTERM; 0: only then
     resume: str = ""  # continue the run saved in this out_dir, with its configuration; a finished run is left as is
     overwrite: bool = False  # replace the run an existing out_dir holds (else such an out_dir is refused)
+    compile: bool = False  # torch.compile the encoder (CUDA graphs on CUDA; the first steps compile)
     dup_rate: float = 0.32  # the most sub-words repeated, as a share of the length; 0: no repetition [paper Table 9]
     queue_size: int = 160  # M, queued negatives, 2.5·B; 0: no queue and no momentum encoder [paper Table 10]
     momentum: float = 0.995  # μ of the momentum encoder's EMA; 0: a dropout-off copy of the encoder [paper §4.2]
@@ -138,13 +139,13 @@ def train_step(model, head, ids, mask, cfg, momentum, queue, rng):
     B = ids.size(0)
     views = [shard(v, views=2) for v in make_views(ids, mask, cfg.dup_rate, rng)]  # [2b, L']: drawn for all B rows
     ids, mask = shard(ids), shard(mask)  # [b, C, L]: this process's rows of the batch (one process: all B)
-    cls = model(*views)[:, 0]  # [2b, H]
+    cls = model(*views, cls_only=True)[:, 0]  # [2b, H]
     h = all_gather(head(cls), views=len(cls) // len(ids)).view(-1, B, cls.size(-1))  # [V, B, H], every process
     queued = torch.stack([*queue]) if queue else h.new_zeros(0, h.size(-1), dtype=torch.float)  # [M, H], fp32
     with torch.autocast(h.device.type, enabled=False):  # the similarity/softmax math in fp32 [DESIGN]
         loss, stats = loss_fn(h.float(), queued, cfg.temp)
-    if momentum is not None:  # the original sentences, through the online head, detached [official models.py]
-        queue.extend(all_gather(head(momentum(ids[:, 0], mask[:, 0])[:, 0]).detach()).float().unbind())  # B rows
+    if momentum is not None:  # the B original sentences, through the online head, detached [official models.py]
+        queue.extend(all_gather(head(momentum(ids[:, 0], mask[:, 0], cls_only=True)[:, 0]).detach()).float().unbind())
     return loss, stats
 
 
@@ -162,6 +163,7 @@ def train(cfg):
                                 run.device)
     rng, queue = random.Random(cfg.seed), collections.deque(maxlen=cfg.queue_size)
     run.track(momentum=momentum, queue=queue, rng=rng)
+    run.compile(model)
     run.start(model=model, head=head, opt=opt, sched=sched)
     model, head = run.ddp(model), run.ddp(head)
     model.train(), head.train()

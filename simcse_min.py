@@ -42,6 +42,7 @@ class Config:
     save_every: int = 500  # steps between checkpoints (out_dir/checkpoint), one also on Ctrl-C/SIGTERM; 0: only then
     resume: str = ""  # continue the run saved in this out_dir, with its configuration; a finished run is left as is
     overwrite: bool = False  # replace the run an existing out_dir holds (else such an out_dir is refused)
+    compile: bool = False  # torch.compile the encoder (CUDA graphs on CUDA; the first steps compile)
     hard_weight: float = 0.0  # supervised: added to each row's own contradiction logit, log α [official code]
 
 
@@ -97,7 +98,7 @@ def train_step(model, head, ids, mask, cfg):
     """One forward pass over all views stacked; dropout samples a fresh mask for every row. Multi-GPU: common.py."""
     B = ids.size(0)
     ids, mask = shard(ids), shard(mask)  # [b, C, L]: this process's rows of the batch (one process: all B)
-    cls = model(*make_views(ids, mask))[:, 0]  # [V*b, H]
+    cls = model(*make_views(ids, mask), cls_only=True)[:, 0]  # [V*b, H]
     h = all_gather(head(cls), views=len(cls) // len(ids)).view(-1, B, cls.size(-1))  # [V, B, H], every process
     with torch.autocast(h.device.type, enabled=False):  # the similarity/softmax math in fp32 [DESIGN]
         return loss_fn(h.float(), cfg.temp, cfg.hard_weight)
@@ -112,6 +113,7 @@ def train(cfg):
     data = run.load_data(tok)
     opt, sched = make_optimizer([*model.parameters(), *head.parameters()], cfg.lr, run.total_steps(len(data)),
                                 run.device)
+    run.compile(model)
     run.start(model=model, head=head, opt=opt, sched=sched)
     model, head = run.ddp(model), run.ddp(head)
     model.train(), head.train()

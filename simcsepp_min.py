@@ -50,6 +50,7 @@ class Config:
     save_every: int = 500  # steps between checkpoints (out_dir/checkpoint), one also on Ctrl-C/SIGTERM; 0: only then
     resume: str = ""  # continue the run saved in this out_dir, with its configuration; a finished run is left as is
     overwrite: bool = False  # replace the run an existing out_dir holds (else such an out_dir is refused)
+    compile: bool = False  # torch.compile the encoder (CUDA graphs on CUDA; the first steps compile)
     m: float = 0.9  # scales the positive logit [paper Table 5; official pos_ratio, 1.0 in its combined script]
     lambda_dcl: float = 0.1  # λ_DCL, the weight of DCL; 0 turns DCL off [paper §5.1; official sw_weight]
     temp_dcl: float = 5.0  # τ_DCL, the temperature of DCL [paper §5.1, Table 5; official sw_temp]
@@ -141,10 +142,10 @@ def train_step(model, head, ids, mask, cfg):
     share of the batch and the loss sees the whole batch, gathered: negatives and DCL over all B (common.py)."""
     B = ids.size(0)
     ids, mask = shard(ids), shard(mask)  # [b, C, L]: this process's rows of the batch (one process: all B)
-    cls = model(*make_views(ids, mask))[:, 0]  # [2*b, H]
+    cls = model(*make_views(ids, mask), cls_only=True)[:, 0]  # [2*b, H]
     if cfg.off_dropout:
         with dropout_off(model):
-            cls = torch.cat([cls, model(ids[:, 0], mask[:, 0])[:, 0]])  # [3*b, H]
+            cls = torch.cat([cls, model(ids[:, 0], mask[:, 0], cls_only=True)[:, 0]])  # [3*b, H]
     h = all_gather(head(cls), views=len(cls) // len(ids)).view(-1, B, cls.size(-1))  # [V, B, H], every process
     with torch.autocast(h.device.type, enabled=False):  # the similarity/softmax math in fp32 [DESIGN]
         return loss_fn(h.float(), cfg.temp, cfg.m, cfg.lambda_dcl, cfg.temp_dcl)
@@ -161,6 +162,7 @@ def train(cfg):
         raise UserError(f"{cfg.data} has {len(data[0])} columns: SimCSE++ is unsupervised, give one sentence a line")
     opt, sched = make_optimizer([*model.parameters(), *head.parameters()], cfg.lr, run.total_steps(len(data)),
                                 run.device)
+    run.compile(model)
     run.start(model=model, head=head, opt=opt, sched=sched)
     model, head = run.ddp(model), run.ddp(head)
     model.train(), head.train()

@@ -61,7 +61,7 @@ def test_diff_against_baseline_shows_the_method_only(name):
 
 def test_config_shared_fields_identical():
     shared = ["data", "model", "senteval", "device", "seed", "batch_size", "max_len", "lr", "epochs",
-              "max_steps", "temp", "eval_every", "dropout", "out_dir", "save_every", "resume", "overwrite"]
+              "max_steps", "temp", "eval_every", "dropout", "out_dir", "save_every", "resume", "overwrite", "compile"]
     for name in SCRIPTS:
         fields = re.findall(r"^    (\w+): \w+ = ", source(name).split("# ---- Views")[0], re.M)
         assert fields[:len(shared)] == shared, name

@@ -1,0 +1,177 @@
+"""The fast path: the [CLS]-only last layer equals the full one, numpy padding equals a loop, the early-stopping
+cached tokenizer equals tokenize-then-truncate, parallel tokenization equals serial, --compile plumbing, and the
+benchmark's arithmetic (MFU, the epoch projection)."""
+import multiprocessing
+import random
+import re
+
+import pytest
+import torch
+
+import bench
+import common
+import diffcse_min
+import esimcse_min
+import simcse_min
+import simcsepp_min
+from common import Bert, BertConfig
+
+METHOD_MODULES = [simcse_min, esimcse_min, simcsepp_min, diffcse_min]
+
+
+def tiny64(seed=0):
+    torch.manual_seed(seed)
+    return Bert(BertConfig.tiny()).double().eval()
+
+
+def inputs(padded):
+    ids = torch.randint(5, 128, (4, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(4, 9, dtype=torch.long)
+    if padded:
+        mask[1, 5:], mask[3, 2:] = 0, 0  # rows of 5 and 2 real tokens
+    return ids, mask
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_cls_only_equals_the_full_last_layer(padded):
+    model = tiny64()
+    ids, mask = inputs(padded)
+    full = model(ids, mask)[:, 0]  # [4, H]
+    fast = model(ids, mask, cls_only=True)
+    assert fast.shape == (4, 1, model.cfg.hidden_size)
+    torch.testing.assert_close(fast[:, 0], full, atol=1e-12, rtol=0)
+
+
+def test_cls_only_gives_the_same_gradients():
+    grads = []
+    for cls_only in (False, True):
+        model = tiny64()
+        ids, mask = inputs(padded=True)
+        (model(ids, mask, cls_only=cls_only)[:, 0].sin().sum()).backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-12, rtol=0, msg=name)
+
+
+def test_cls_evaluation_equals_the_full_forward():
+    model, tok = tiny64().float(), None
+    id_lists = [[2] + [random.Random(i).randrange(5, 128) for _ in range(i % 11)] + [3] for i in range(40)]
+    tok = type("Ids", (), {"pad": lambda self, x, width=None: common.pad_ids(x, 0, width)})()
+    vectors = common.encode_sentences(model, tok, None, "cls", 8, id_lists=id_lists)  # [40, H]
+    for i in (0, 7, 39):
+        ids = torch.tensor([id_lists[i]])
+        torch.testing.assert_close(vectors[i], model(ids, torch.ones_like(ids))[0, 0], atol=1e-5, rtol=0)
+
+
+def pad_loop(id_lists, pad_id, width=None):  # the oracle: the row loop the numpy version replaced
+    L = max([width or 0, *map(len, id_lists)])
+    ids = torch.full((len(id_lists), L), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(id_lists), L), dtype=torch.long)
+    for i, x in enumerate(id_lists):
+        ids[i, :len(x)], mask[i, :len(x)] = torch.tensor(x, dtype=torch.long), 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("width", [None, 3, 40])
+def test_numpy_padding_equals_a_loop(width):
+    rng = random.Random(width)
+    id_lists = [[rng.randrange(30000) for _ in range(rng.randint(1, 33))] for _ in range(50)]
+    for got, want in zip(common.pad_ids(id_lists, 7, width), pad_loop(id_lists, 7, width)):
+        assert got.dtype == torch.long and torch.equal(got, want)
+
+
+def test_collate_pads_to_width_for_static_shapes():
+    tok = type("Ids", (), {"pad": lambda self, x, width=None: common.pad_ids(x, 0, width)})()
+    rows = [([2, 5, 3], [2, 6, 7, 3]), ([2, 3], [2, 9, 3])]  # 2 rows x 2 columns
+    ids, mask = common.collate(tok, rows, torch.device("cpu"), width=8)
+    assert ids.shape == mask.shape == (2, 2, 8)
+    assert ids[0, 1].tolist() == [2, 6, 7, 3, 0, 0, 0, 0] and mask[1, 0].tolist() == [1, 1, 0, 0, 0, 0, 0, 0]
+    assert common.collate(tok, rows, torch.device("cpu"))[0].shape == (2, 2, 4)
+
+
+@pytest.fixture(scope="module")
+def wiki_lines(wiki_path):
+    return common.read_lines(wiki_path)[:600] + ["a [MASK] b " * 20, "[CLS] x [SEP] " * 12, "", "word " * 40]
+
+
+@pytest.mark.parametrize("max_len", [2, 5, 32])
+def test_early_stopping_cached_tokenizer_equals_encode_then_truncate(model_dir, wiki_lines, max_len):
+    warm = common.Tokenizer.from_pretrained(model_dir)
+    for text in wiki_lines:
+        cold = common.Tokenizer.from_pretrained(model_dir) if text is wiki_lines[0] else None
+        full = warm.encode(text)  # no truncation: the oracle
+        want = full[:max_len - 1] + [warm.sep_id] if len(full) > max_len else full
+        assert warm.encode(text, max_len) == want, text
+        if cold is not None:
+            assert cold.encode(text, max_len) == want
+
+
+def test_parallel_tokenization_equals_serial(model_dir, wiki_lines):
+    tok = common.Tokenizer.from_pretrained(model_dir)
+    serial = [tok.encode(t, 32) for t in wiki_lines]
+    assert common.tokenize_corpus(tok, wiki_lines, 32, workers=2, min_parallel=0) == serial
+
+
+def test_small_inputs_do_not_start_processes(model_dir, monkeypatch):
+    tok = common.Tokenizer.from_pretrained(model_dir)
+    monkeypatch.setattr(multiprocessing, "get_context", lambda *a: pytest.fail("started processes"))
+    assert common.tokenize_corpus(tok, ["a b", "c d"], 32, workers=2, min_parallel=3) == [tok.encode("a b", 32),
+                                                                                          tok.encode("c d", 32)]
+
+
+def bare_run(compile_flag):
+    run = object.__new__(common.Run)  # the bookkeeping without an output folder or SentEval
+    run.cfg, run.device, run.width, run.log = simcse_min.Config(compile=compile_flag), torch.device("cpu"), None, print
+    return run
+
+
+def test_compile_flag_compiles_in_place_and_keeps_checkpoint_names(tmp_path):
+    model = Bert(BertConfig.tiny())
+    names = list(model.state_dict())
+    run = bare_run(False)
+    assert run.compile(model) is model and model._compiled_call_impl is None and run.width is None
+    run = bare_run(True)
+    assert run.compile(model) is model  # lazy: compiles on the first call, which this test does not make
+    assert model._compiled_call_impl is not None and run.width == 32
+    assert list(model.state_dict()) == names  # no `_orig_mod.` prefix, so the best state and the save are unchanged
+    tok = common.Tokenizer({t: i for i, t in enumerate(common.SPECIAL_TOKENS)})
+    model.save_pretrained(tmp_path, tok)
+    assert all("_orig_mod" not in k for k in common.read_safetensors(tmp_path / "model.safetensors"))
+
+
+@pytest.mark.parametrize("module", METHOD_MODULES, ids=lambda m: m.__name__)
+def test_every_method_compiles_right_before_the_run_starts(module):
+    assert module.Config().compile is False
+    source = open(module.__file__).read()
+    assert re.search(r"\n    run\.compile\(model\)\n    run\.start\(model=model, ", source)
+
+
+def test_gpu_peaks_by_name():
+    assert bench.peak_tflops("NVIDIA H100 80GB HBM3") == 989
+    assert bench.peak_tflops("NVIDIA H100 PCIe") == 756
+    assert bench.peak_tflops("NVIDIA H200") == 989
+    assert bench.peak_tflops("NVIDIA A100-SXM4-80GB") == 312
+    assert bench.peak_tflops("Some Future GPU") is None
+
+
+def test_mfu_arithmetic():
+    # bert-base: 85M matmul parameters, SimCSE: 2 x 64 x 32 tokens with gradient
+    flops = bench.train_flops(85e6, 2 * 64 * 32)
+    assert flops == 6 * 85e6 * 4096
+    assert bench.train_flops(10, 100, 50) == 6 * 10 * 100 + 2 * 10 * 50
+    assert bench.mfu(flops, flops / 989e12, 989) == pytest.approx(1.0)
+    assert bench.mfu(flops, 0.01, 989) == pytest.approx(2.089e12 / 989e12 / 0.01, rel=1e-3)
+
+
+def test_epoch_projection_counts_the_evaluations_run_makes():
+    evals = sum(1 for s in range(bench.EPOCH_STEPS + 1) if s == 0 or s % 125 == 0 or s == bench.EPOCH_STEPS)
+    assert evals == 126
+    assert bench.epoch_seconds(0.03, 2.0) == pytest.approx(15625 * 0.03 + 126 * 2.0)
+    assert bench.epoch_seconds(1.0, 1.0, steps=300, eval_every=125, test_s=5) == 300 + 4 + 5  # 0, 125, 250, 300
+
+
+def test_matmul_params_leave_out_the_embedding_tables():
+    model = Bert(BertConfig.tiny())
+    embeddings = sum(p.numel() for p in model.embeddings.parameters())
+    assert bench.matmul_params(model) == sum(p.numel() for p in model.parameters()) - embeddings
