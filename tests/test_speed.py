@@ -175,3 +175,14 @@ def test_matmul_params_leave_out_the_embedding_tables():
     model = Bert(BertConfig.tiny())
     embeddings = sum(p.numel() for p in model.embeddings.parameters())
     assert bench.matmul_params(model) == sum(p.numel() for p in model.parameters()) - embeddings
+
+
+def test_gpu_report_prints_mfu_and_the_epoch(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    model = Bert(BertConfig.tiny())
+    args = type("Args", (), {"peak_tflops": 0, "batch_size": 64})()
+    step = 6 * bench.matmul_params(model) * 2 * 64 * 32 / (0.4 * 989e12)  # the step time of 40% MFU
+    bench.report_gpu(args, model, {"ours simcse": step, "HF eager fp16 (official)": 2.5 * step}, 1.5, 30.0, model, 32)
+    out = capsys.readouterr().out
+    assert "ours simcse                  MFU  40.0%" in out and "MFU  16.0%" in out
+    assert f"epoch {(15625 * step + 126 * 1.5 + 30) / 60:6.1f} min" in out and "2.50x" in out
