@@ -7,6 +7,7 @@ optimizer_step, the momentum update); both processes are spawned once and run al
 import collections
 import copy
 import importlib
+import json
 import os
 import random
 import socket
@@ -17,7 +18,7 @@ import torch.multiprocessing as mp
 
 import common
 from common import Bert, BertConfig
-from tiny_world import sentence, tokenizer
+from tiny_world import make_world, sentence, tokenizer
 
 METHODS = ["simcse", "esimcse", "simcsepp", "diffcse"]
 B, STEPS, LR = 8, 2, 1e-3  # global batch; a large learning rate so a wrong gradient shows in the parameters
@@ -89,19 +90,27 @@ def run_method(method):
     return losses, grads, states
 
 
-def worker(rank, port, out):
+def join(rank, port):
+    """What torchrun sets for a worker."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE="2")
     torch.set_num_threads(1)
+
+
+def worker(rank, port, out, config):
+    """Both processes: the four methods' steps, a batch that does not split, then a whole train() (which ends
+    the process group)."""
+    join(rank, port)
     assert common.init_distributed(torch.device("cpu")) == torch.device("cpu") and common.world() == (rank, 2)
     results = {method: run_method(method) for method in METHODS}
+    simcse_min = importlib.import_module("simcse_min")
     try:
-        common.Run(importlib.import_module("simcse_min").Config(batch_size=7), "simcse", __file__)
+        common.Run(simcse_min.Config(batch_size=7), "simcse", __file__)
     except common.UserError as e:
         results["error"] = str(e)
     if rank == 0:
         torch.save(results, out)
-    torch.distributed.destroy_process_group()
+    simcse_min.train(simcse_min.Config(**config))
 
 
 def free_port():
@@ -111,10 +120,20 @@ def free_port():
 
 
 @pytest.fixture(scope="module")
-def two_processes(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ddp") / "rank0.pt"
-    mp.spawn(worker, args=(free_port(), str(out)), nprocs=2, join=True)
-    return torch.load(out)
+def tiny_run(tmp_path_factory):
+    """train() settings on the tiny world, dropout 0; a checkpoint at step 2 of 3."""
+    tmp = tmp_path_factory.mktemp("ddp")
+    world = make_world(tmp)
+    return tmp, dict(model=world["model"], data=world["data"], senteval=world["senteval"], device="cpu",
+                     batch_size=8, max_steps=3, eval_every=1, save_every=2, dropout=0.0)
+
+
+@pytest.fixture(scope="module")
+def two_processes(tiny_run):
+    tmp, config = tiny_run
+    mp.spawn(worker, args=(free_port(), str(tmp / "rank0.pt"), {**config, "out_dir": str(tmp / "two")}), nprocs=2,
+             join=True)
+    return torch.load(tmp / "rank0.pt")
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -141,3 +160,19 @@ def test_one_process_needs_no_process_group():
     x, linear = torch.arange(12.0).view(6, 2), torch.nn.Linear(2, 2)
     assert torch.equal(common.shard(x, views=2), x) and common.all_gather(x, views=3) is x
     assert common.wrap_ddp(linear, torch.device("cpu")) is linear and common.unwrap(linear) is linear
+
+
+def test_train_two_processes_end_to_end(tiny_run, two_processes):
+    """The whole train() under 2 processes: Run joins the process group, shards, wraps and writes on rank 0 alone
+    (a checkpoint at step 2 included); its losses and dev scores are those of one process (dropout 0, float32)."""
+    tmp, config = tiny_run
+    simcse_min = importlib.import_module("simcse_min")
+    one = simcse_min.train(simcse_min.Config(**config, out_dir=str(tmp / "one")))
+    two = json.loads((tmp / "two" / "results.json").read_text())
+    assert [s for s, _ in two["stats_history"]] == [0, 1, 2, 3]
+    for (_, a), (_, b) in zip(one["stats_history"][1:], two["stats_history"][1:]):
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-5)
+    assert [d for _, d in two["dev_history"]] == pytest.approx([d for _, d in one["dev_history"]], abs=1e-2)
+    log = (tmp / "two" / "log.txt").read_text()
+    assert "cpu x 2 processes" in log and log.count("checkpoint saved") == 1 and log.count("STS12") == 1
+    assert (tmp / "two" / "model.safetensors").exists() and not (tmp / "two" / "checkpoint").exists()
