@@ -1727,6 +1727,7 @@ class Checkpoints:
 
     def end_of_step(self, step):
         """Checkpoint every save_every steps (not at the last: finish() follows) and on a signal, then obey it."""
+        self.agree_on_signal()
         due = self.cfg.save_every and step % self.cfg.save_every == 0 and step < self.total
         if step > 0 and (self.signal or due):
             self.save_checkpoint(self.out / "checkpoint", step)
@@ -1735,6 +1736,13 @@ class Checkpoints:
             self.log(f"{signal.Signals(self.signal).name} at step {step}: " + (
                 f"checkpoint saved; continue with --resume {self.out}" if step else "stopped before any training"))
             sys.exit(128 + self.signal)
+
+    def agree_on_signal(self):
+        """Under torchrun every rank stops at the same step, whichever of them a signal reached first."""
+        if self.world_size > 1:
+            flag = torch.tensor([self.signal or 0], device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            self.signal = int(flag) or None
 
     def save_checkpoint(self, folder, step):
         if self.rank > 0:  # the ranks hold the same weights and state; rank 0 writes them
