@@ -1935,7 +1935,8 @@ class Run(Checkpoints):
             self.best_dev, self.best_step = dev, step
             self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         ms = 1000 * (time.time() - self.started) / max(step - self.step_done, 1)
-        self.log(f"step {step} | loss {stats.get('loss', math.nan):.4f}{extra} | stsb_dev {dev:.2f} | "
+        loss = f"{stats['loss']:.4f}" if "loss" in stats else "-"  # step 0: before any training step
+        self.log(f"step {step} | loss {loss}{extra} | stsb_dev {dev:.2f} | "
                  f"align {align:.4f} uniform {uniform:.4f} | best {self.best_dev:.2f} @ {self.best_step} | "
                  f"{ms:.0f} ms/step")
         self.end_of_step(step)
