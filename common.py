@@ -936,8 +936,9 @@ def load_sts_subset(root, year, subset):
     pairs = [line.split("\t") for line in (folder / f"STS.input.{subset}.txt").read_text("utf8").splitlines()]
     gold = (folder / f"STS.gs.{subset}.txt").read_text("utf8").splitlines()
     keep = [i for i, g in enumerate(gold) if g != ""]  # the not_empty_idx filter [official SentEval sts.py]
-    return ([_joined(pairs[i][0]) for i in keep], [_joined(pairs[i][1]) for i in keep],
-            np.array([float(gold[i]) for i in keep]))
+    with _malformed(folder / f"STS.{{input,gs}}.{subset}.txt"):
+        return ([_joined(pairs[i][0]) for i in keep], [_joined(pairs[i][1]) for i in keep],
+                np.array([float(gold[i]) for i in keep]))
 
 
 def load_sts_split(root, task, split):
@@ -945,21 +946,28 @@ def load_sts_split(root, task, split):
     lines = (Path(root) / SPLIT_FILES[task][split]).read_text("utf8").splitlines()
     cols = [line.strip().split("\t") for line in (lines if task == "STSBenchmark" else lines[1:])]
     a, b, y = (5, 6, 4) if task == "STSBenchmark" else (1, 2, 3)
-    return [_joined(c[a]) for c in cols], [_joined(c[b]) for c in cols], np.array([float(c[y]) for c in cols])
+    with _malformed(Path(root) / SPLIT_FILES[task][split]):
+        return [_joined(c[a]) for c in cols], [_joined(c[b]) for c in cols], np.array([float(c[y]) for c in cols])
+
+
+@contextlib.contextmanager
+def _malformed(path):
+    """A cut or edited SentEval file (a short row, a score that is not a number) -> one line that names it."""
+    try:
+        yield
+    except (IndexError, ValueError) as e:
+        raise UserError(f"SentEval file {path} is malformed ({type(e).__name__}: {str(e)[:80]}); "
+                        f"get a fresh copy with `python common.py download senteval`") from None
 
 
 def load_sts(root, mode="test"):
     """{task: {subset or split: (A, B, gold)}} for the tasks a mode reports."""
     check_senteval(root, mode)
     tasks = {}
-    try:
-        if mode == "test":
-            tasks = {year: {s: load_sts_subset(root, year, s) for s in subsets} for year, subsets in STS_YEARS.items()}
-        for task in SPLIT_FILES:
-            tasks[task] = {mode: load_sts_split(root, task, mode)}
-    except (IndexError, ValueError) as e:  # a cut or edited file: a short row, a score that is not a number
-        raise UserError(f"SentEval folder {root} has a malformed file ({type(e).__name__}: {str(e)[:100]}); "
-                        f"get a fresh copy with `python common.py download senteval`") from None
+    if mode == "test":
+        tasks = {year: {s: load_sts_subset(root, year, s) for s in subsets} for year, subsets in STS_YEARS.items()}
+    for task in SPLIT_FILES:
+        tasks[task] = {mode: load_sts_split(root, task, mode)}
     return tasks
 
 

@@ -194,6 +194,15 @@ def test_stsb_and_sick_parsing(tmp_path):
     np.testing.assert_array_equal(y, [3.6, 4.9])
 
 
+@pytest.mark.parametrize("row", ["main-captions\tMSRvid\t2012test\t0001\t2.500\tA man is playing.",  # cut
+                                 "main-news\theadlines\t2015\t0002\tfive\tFirst one\tSecond one"])  # bad score
+def test_malformed_file_is_a_one_line_error_naming_it(tmp_path, row):
+    write(tmp_path / "STS/STSBenchmark/sts-dev.csv", ["main-news\theadlines\t2015\t0001\t1.0\tA\tB", row])
+    with pytest.raises(common.UserError, match=r"sts-dev\.csv is malformed") as e:
+        common.load_sts_split(tmp_path, "STSBenchmark", "dev")
+    assert "\n" not in str(e.value) and "download senteval" in str(e.value)
+
+
 def test_check_senteval_lists_missing_files(tmp_path):
     write(tmp_path / "STS/STSBenchmark/sts-test.csv", ["x\tx\tx\tx\t1\ta\tb"])
     with pytest.raises(common.UserError) as e:
