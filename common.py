@@ -1942,11 +1942,11 @@ class Run(Checkpoints):
         if dev > self.best_dev:
             self.best_dev, self.best_step = dev, step
             self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        ms = 1000 * (time.time() - self.started) / max(step - self.step_done, 1)
+        seconds, steps = time.time() - self.started, step - self.step_done
+        pace = f"{1000 * seconds / steps:.0f} ms/step" if steps else f"start-up {seconds:.1f} s"  # no step yet
         loss = f"{stats['loss']:.4f}" if "loss" in stats else "-"  # step 0: before any training step
         self.log(f"step {step} | loss {loss}{extra} | stsb_dev {dev:.2f} | "
-                 f"align {align:.4f} uniform {uniform:.4f} | best {self.best_dev:.2f} @ {self.best_step} | "
-                 f"{ms:.0f} ms/step")
+                 f"align {align:.4f} uniform {uniform:.4f} | best {self.best_dev:.2f} @ {self.best_step} | {pace}")
         self.end_of_step(step)
 
     def finish(self, model, tok, extra=None):
