@@ -17,6 +17,7 @@ import collections
 import contextlib
 import copy
 import dataclasses
+import gc
 import hashlib
 import http.client
 import inspect
@@ -1414,6 +1415,15 @@ def unwrap(module):
     return module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
 
 
+def leave_distributed():
+    """End the process group once the trainer has returned. Its DDP wrappers sit in reference cycles and hold the
+    group: collected first, so the gloo worker threads stop now and not during interpreter shutdown, where they
+    can abort the process (SIGABRT: seen once in a CI run here) [pytorch/pytorch#179291]."""
+    if dist.is_initialized():
+        gc.collect()
+        dist.destroy_process_group()
+
+
 @contextlib.contextmanager
 def rank0_first():
     """Rank 0 runs the block first (downloads, cache writes), the other ranks after it, reading what it wrote.
@@ -1954,8 +1964,7 @@ class Run(Checkpoints):
         checkpoint folder goes (results.json marks the run finished). Rank 0 only; the other ranks just leave."""
         self.release_signals()
         if self.rank > 0:
-            dist.destroy_process_group()
-            return {}
+            return {}  # the process group ends in main_guard, after train() has returned (leave_distributed)
         model = unwrap(model)
         if self.best_state is not None:
             model.load_state_dict(self.best_state)
@@ -1973,8 +1982,6 @@ class Run(Checkpoints):
             json.dump(results, f, indent=2)
         shutil.rmtree(self.out / "checkpoint", ignore_errors=True)
         self.log(f"best stsb_dev {self.best_dev:.2f} @ step {self.best_step}; model and results.json in {self.out}")
-        if self.world_size > 1:
-            dist.destroy_process_group()
         return results
 
 
@@ -1983,11 +1990,16 @@ def _rounded(x, digits=6):
 
 
 def main_guard(fn, *args):
-    """Run a command-line entry point: a UserError becomes one line on stderr and exit status 2."""
+    """Run a command-line entry point: a UserError becomes one line on stderr and exit status 2. Under torchrun
+    the process group ends after a normal return (on an error the process exits and torchrun stops the others)."""
     try:
-        return fn(*args)
+        result = fn(*args)
+        leave_distributed()
+        return result
     except RunFinished as e:
-        print(e, file=sys.stderr)
+        if int(os.environ.get("RANK", "0")) == 0:  # every rank finds the run finished (maybe before joining the group)
+            print(e, file=sys.stderr)
+        leave_distributed()
         sys.exit(0)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -98,8 +98,8 @@ def join(rank, port):
 
 
 def worker(rank, port, out, config):
-    """Both processes: the four methods' steps, a batch that does not split, then a whole train() (which ends
-    the process group)."""
+    """Both processes: the four methods' steps, a batch that does not split, then a whole train(), then the end
+    of the process group."""
     join(rank, port)
     assert common.init_distributed(torch.device("cpu")) == torch.device("cpu") and common.world() == (rank, 2)
     results = {method: run_method(method) for method in METHODS}
@@ -111,6 +111,7 @@ def worker(rank, port, out, config):
     if rank == 0:
         torch.save(results, out)
     simcse_min.train(simcse_min.Config(**config))
+    common.leave_distributed()  # what main_guard does after train() under torchrun
 
 
 def free_port():
