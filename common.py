@@ -1,21 +1,20 @@
 """common.py: everything the four methods share, and nothing method-specific.
 
-Here, bottom-up: a WordPiece tokenizer identical to BERT's, a compact BERT (+ MLM head) that loads real
-Hugging Face checkpoints, checkpoint read/write (safetensors parsed here), model/data resolution and download,
-STS evaluation identical to the papers' SentEval path, and the pieces of the training loop.
-Not here: heads, views, losses or anything else that belongs to one method (those live in the *_min.py files).
+Part 1, the model and the loop (read this): a WordPiece tokenizer identical to BERT's, a compact BERT
+(+ MLM head) that loads real Hugging Face checkpoints, data batches, STS evaluation identical to the
+papers' SentEval path, and the pieces every train() loop calls. Part 2, operations (safe to skip when
+learning): safetensors, downloads, input checks, resumable checkpoints, torchrun. Part 3: the command
+line (`python common.py --help`: eval, download, analyze) and the analysis figures.
+Not here: heads, views, losses, method flags (those live in the *_min.py files).
 
     tok = Tokenizer.from_pretrained("bert-base-uncased")
     model = Bert.from_pretrained("bert-base-uncased")
-    ids, mask = tok(["a man is playing a guitar .", "a woman is slicing an onion ."])   # [2, L] each
-    cls = model(ids, mask)[:, 0]                                                          # [2, 768]
-
-Command line: `python common.py --help` (eval, download, analyze).
+    ids, mask = tok(["a man is playing a guitar .", "a woman is slicing an onion ."])  # [2, L] each
+    cls = model(ids, mask)[:, 0]                                                       # [2, 768]
 """
 import argparse
 import collections
 import contextlib
-import copy
 import dataclasses
 import gc
 import hashlib
@@ -50,24 +49,30 @@ import torch.nn.functional as F
 
 
 class UserError(Exception):
-    """A problem with the user's input, reported as one line (no traceback) by the command-line tools."""
+    """A problem with the user's input: one line on stderr, exit status 2, no traceback."""
 
 
 class CheckpointError(UserError):
     """A model folder or checkpoint file that cannot be loaded as it is."""
 
 
-# --- WordPiece tokenizer (BERT's BasicTokenizer + WordpieceTokenizer, encode-only) ---------------------------
+# ==================================================================================================
+# Part 1: the model and the loop. Read this: it explains everything a *_min.py file calls.
+# ==================================================================================================
+
+# --- WordPiece tokenizer (BERT's BasicTokenizer + WordpieceTokenizer, encode-only) ----------------
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _SPECIAL_SPLIT = re.compile("(" + "|".join(re.escape(s) for s in SPECIAL_TOKENS) + ")")
-_ASCII_CLEAN = {c: None for c in range(32) if chr(c) not in "\t\n\r"} | {127: None, 9: " ", 10: " ", 13: " "}
+_ASCII_CLEAN = {c: None for c in range(32) if chr(c) not in "\t\n\r"} | {127: None, 9: " ", 10: " ",
+                                                                        13: " "}
 _CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
-               (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))  # [HF BasicTokenizer]
+               (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF),
+               (0x2F800, 0x2FA1F))  # [HF BasicTokenizer]
 
 
 def _char_kind(ch):
-    """'drop' (NUL, U+FFFD, control/format), 'space', 'cjk' or '' for one character, as BERT's cleaning sees it."""
+    """'drop' (NUL, U+FFFD, control/format), 'space', 'cjk' or '' for one character, as BERT sees it."""
     if ch in "\t\n\r " or unicodedata.category(ch) == "Zs":
         return "space"
     if ch in "\x00\ufffd" or unicodedata.category(ch).startswith("C"):
@@ -83,13 +88,14 @@ def _is_punctuation(ch):
 
 
 def basic_clean(text):
-    """Drop control characters, turn whitespace into spaces, put spaces around CJK characters, NFC-normalise."""
+    """Drop control characters, whitespace -> spaces, spaces around CJK characters, NFC-normalise."""
     if text.isascii():
         return text.translate(_ASCII_CLEAN)
     out = []
     for ch in text:
         kind = _char_kind(ch)
-        out.append("" if kind == "drop" else " " if kind == "space" else f" {ch} " if kind == "cjk" else ch)
+        out.append("" if kind == "drop" else " " if kind == "space" else f" {ch} " if kind == "cjk"
+                   else ch)
     return unicodedata.normalize("NFC", "".join(out))  # [HF BasicTokenizer, transformers >= 4.3x]
 
 
@@ -106,38 +112,22 @@ def split_punctuation(word):
 
 
 class Tokenizer:
-    """BERT's WordPiece: clean, split on whitespace and punctuation, then greedy longest-match sub-words with '##'.
-
-    Words are cached (a Wikipedia corpus repeats most of its words), which makes the pure-Python loop fast.
-    """
+    """BERT's WordPiece: clean, split on whitespace and punctuation, then greedy longest-match sub-words
+    with '##'. Words are cached (a Wikipedia corpus repeats most of its words): the Python loop is fast."""
     max_word_chars = 100  # longer words become [UNK] [HF WordpieceTokenizer]
 
     def __init__(self, vocab, do_lower_case=True, strip_accents=None):
         self.vocab = vocab  # token -> id
         self.lower = do_lower_case
         self.strip_accents = do_lower_case if strip_accents is None else strip_accents  # [HF default]
-        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (vocab[t] for t in SPECIAL_TOKENS)
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (vocab[t] for t in
+                                                                            SPECIAL_TOKENS)
         self._cache = {}
 
     @classmethod
     def from_pretrained(cls, name_or_dir):
-        folder = resolve_model(name_or_dir)
-        if not (folder / "vocab.txt").is_file():
-            raise CheckpointError(f"{folder} has no vocab.txt: not a BERT (WordPiece) model folder")
-        vocab = {}
-        try:
-            text = (folder / "vocab.txt").read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise CheckpointError(f"{folder}/vocab.txt is not UTF-8 (byte {e.start})") from None
-        for i, line in enumerate(text.removesuffix("\n").split("\n")):
-            vocab[line.rstrip("\r")] = i
-        config_path = folder / "tokenizer_config.json"
-        config = read_json(config_path, "tokenizer_config.json") if config_path.exists() else {}
-        if not isinstance(config, dict):
-            raise CheckpointError(f"{config_path} is not a JSON object")
-        missing = [t for t in SPECIAL_TOKENS if t not in vocab]
-        if missing:
-            raise CheckpointError(f"{folder}/vocab.txt lacks the special tokens {missing}: not a BERT vocabulary")
+        """vocab.txt (id = line number) and tokenizer_config.json of a model folder or known name."""
+        vocab, config = read_vocab(resolve_model(name_or_dir))  # Part 2: checked, one-line errors
         return cls(vocab, config.get("do_lower_case", True), config.get("strip_accents"))
 
     def encode_word(self, word):
@@ -147,7 +137,8 @@ class Tokenizer:
             ids = []
             text = word.lower() if self.lower else word
             if self.strip_accents and not text.isascii():
-                text = "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
+                text = "".join(c for c in unicodedata.normalize("NFD", text)
+                               if unicodedata.category(c) != "Mn")
             for piece in split_punctuation(text):
                 ids += self.wordpiece(piece)
             if len(self._cache) < 2_000_000:
@@ -155,6 +146,7 @@ class Tokenizer:
         return ids
 
     def wordpiece(self, piece):
+        """Greedy longest-match-first: 'unaffable' -> un ##aff ##able."""
         if len(piece) > self.max_word_chars:
             return [self.unk_id]
         ids, start = [], 0
@@ -170,7 +162,7 @@ class Tokenizer:
         return ids
 
     def encode(self, text, max_len=None):
-        """text -> [CLS] ids [SEP], truncated to max_len tokens (counting [CLS] and [SEP]) keeping [SEP]."""
+        """text -> [CLS] ids [SEP], at most max_len tokens ([CLS] and [SEP] counted), [SEP] kept."""
         ids, cache, limit = [self.cls_id], self._cache, math.inf if max_len is None else max_len - 1
         for chunk in _SPECIAL_SPLIT.split(text) if "[" in text else (text,):
             if chunk in SPECIAL_TOKENS:
@@ -184,44 +176,29 @@ class Tokenizer:
         return ids[:limit] + [self.sep_id] if len(ids) > limit else ids + [self.sep_id]
 
     def pad(self, id_lists, width=None):
-        """Pad to the longest (or to `width`): (ids [B, L], mask [B, L]) as LongTensors, mask 1 on real tokens."""
+        """Pad to the longest (or to `width`) -> (ids [B, L], mask [B, L]), mask 1 on real tokens."""
         return pad_ids(id_lists, self.pad_id, width)
 
     def __call__(self, texts, max_len=None):
         return self.pad([self.encode(t, max_len) for t in texts])
 
     def vocab_digest(self):
-        return hashlib.sha256("\n".join(self.vocab).encode() + bytes([self.lower, self.strip_accents])).hexdigest()
+        data = "\n".join(self.vocab).encode() + bytes([self.lower, self.strip_accents])
+        return hashlib.sha256(data).hexdigest()
 
 
 def pad_ids(id_lists, pad_id, width=None):
-    """Id lists -> (ids [B, L], mask [B, L]) LongTensors, L the longest (at least `width`): one numpy scatter,
-    not a Python loop over rows (a boolean-mask assignment fills row by row, left to right)."""
+    """Id lists -> (ids [B, L], mask [B, L]) LongTensors, L the longest (at least `width`): one numpy
+    scatter, not a Python loop over rows (a boolean-mask assignment fills row by row, left to right)."""
     lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))  # [B]
     mask = np.arange(max(width or 0, int(lengths.max()))) < lengths[:, None]  # [B, L] bool
     ids = np.full(mask.shape, pad_id, dtype=np.int64)  # [B, L]
-    ids[mask] = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64, count=int(lengths.sum()))
+    ids[mask] = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64,
+                            count=int(lengths.sum()))
     return torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64))
 
 
-def _encode_chunk(args):
-    tok, texts, max_len = args
-    return [tok.encode(t, max_len) for t in texts]
-
-
-def tokenize_corpus(tok, texts, max_len=None, workers=None, min_parallel=20_000):
-    """Tokenize many sentences, in `workers` processes (all cores by default) when there are at least
-    `min_parallel` of them: below that, starting the processes costs more than it saves."""
-    workers = workers or os.cpu_count() or 1
-    if workers == 1 or len(texts) < min_parallel:
-        return [tok.encode(t, max_len) for t in texts]
-    size = math.ceil(len(texts) / (4 * workers))
-    chunks = [(tok, texts[i:i + size], max_len) for i in range(0, len(texts), size)]
-    with multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn").Pool(workers) as pool:
-        return [ids for part in pool.map(_encode_chunk, chunks) for ids in part]
-
-
-# --- BERT ----------------------------------------------------------------------------------------------------
+# --- BERT --------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass
 class BertConfig:
@@ -243,60 +220,22 @@ class BertConfig:
         return cls(**{**dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                              intermediate_size=64, max_position_embeddings=64), **kw})
 
-    @classmethod
-    def from_hf(cls, cfg, folder="config.json"):
-        """A Hugging Face config.json dict (BERT or DistilBERT) -> BertConfig; CheckpointError if it is unusable."""
-        if not isinstance(cfg, dict):
-            raise CheckpointError(f"{folder}: config.json is not a JSON object")
-        try:
-            return cls._from_hf(cfg)._checked(folder)
-        except KeyError as e:
-            raise CheckpointError(f"{folder}: config.json lacks {e}") from None
-
-    def _checked(self, folder):
-        """Positive integer sizes, heads that divide the width, dropouts in [0, 1): else a CheckpointError."""
-        values = dataclasses.asdict(self)
-        bad = [k for k, v in values.items() if k.endswith(("_size", "_layers", "_heads", "_embeddings"))
-               and not (type(v) is int and v >= (k != "type_vocab_size"))]  # 0 token types is fine (DistilBERT)
-        bad += [k for k, v in values.items() if k.endswith("_prob") and not (type(v) in (int, float) and 0 <= v < 1)]
-        if not bad and self.hidden_size % self.num_attention_heads:
-            bad = ["hidden_size", "num_attention_heads"]  # the heads must split the width evenly
-        if not bad and not (type(self.pad_token_id) is int and 0 <= self.pad_token_id < self.vocab_size):
-            bad = ["pad_token_id"]
-        if bad:
-            raise CheckpointError(f"{folder}: config.json has unusable values: "
-                                  + ", ".join(f"{k}={values[k]!r}" for k in bad[:4]))
-        return self
-
     def n_params(self):
-        """The encoder's parameter count this config implies (for a size check before allocating)."""
+        """The encoder's parameter count this config implies (a size check before allocating)."""
         H, I = self.hidden_size, self.intermediate_size
         return (self.vocab_size + self.max_position_embeddings + self.type_vocab_size) * H + \
             self.num_hidden_layers * (4 * H * H + 2 * H * I)
-
-    @classmethod
-    def _from_hf(cls, cfg):
-        if cfg.get("model_type") == "distilbert":
-            cfg = dict(vocab_size=cfg["vocab_size"], hidden_size=cfg["dim"], num_hidden_layers=cfg["n_layers"],
-                       num_attention_heads=cfg["n_heads"], intermediate_size=cfg["hidden_dim"],
-                       max_position_embeddings=cfg["max_position_embeddings"], type_vocab_size=0,
-                       hidden_dropout_prob=cfg["dropout"], attention_probs_dropout_prob=cfg["attention_dropout"],
-                       pad_token_id=cfg.get("pad_token_id", 0), hidden_act=cfg.get("activation", "gelu"),
-                       sinusoidal=cfg.get("sinusoidal_pos_embds", False))
-        if cfg.get("hidden_act", "gelu") != "gelu" or cfg.get("position_embedding_type", "absolute") != "absolute" \
-                or cfg.get("sinusoidal"):
-            raise CheckpointError("only BERT/DistilBERT with GELU and learned absolute positions is supported")
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in cfg.items() if k in names})
 
 
 class Embeddings(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.pad_token_id)
-        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
-        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size) if cfg.type_vocab_size else None
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        H = cfg.hidden_size
+        self.word_embeddings = nn.Embedding(cfg.vocab_size, H, padding_idx=cfg.pad_token_id)
+        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, H)
+        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, H) if cfg.type_vocab_size \
+            else None
+        self.LayerNorm = nn.LayerNorm(H, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, ids):  # ids [B, L] -> [B, L, H]
@@ -315,19 +254,22 @@ class Layer(nn.Module):
         self.heads, self.attn_p = cfg.num_attention_heads, cfg.attention_probs_dropout_prob
         self.query, self.key, self.value, self.attn_out = (nn.Linear(H, H) for _ in range(4))
         self.attn_norm = nn.LayerNorm(H, eps=cfg.layer_norm_eps)
-        self.ffn_in, self.ffn_out = nn.Linear(H, cfg.intermediate_size), nn.Linear(cfg.intermediate_size, H)
+        self.ffn_in, self.ffn_out = nn.Linear(H, cfg.intermediate_size), nn.Linear(
+            cfg.intermediate_size, H)
         self.ffn_norm = nn.LayerNorm(H, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
-    def forward(self, x, keep, cls_only=False):  # x [B, L, H], keep [B, 1, 1, L] bool (True = a real token)
-        """-> [B, L, H]; cls_only: [B, 1, H], the [CLS] row only (its query; keys and values over every token)."""
+    def forward(self, x, keep, cls_only=False):  # x [B, L, H], keep [B, 1, 1, L] bool (True: a token)
+        """-> [B, L, H]; cls_only: [B, 1, H], the [CLS] row only (its query; keys and values over all)."""
         B, L, H = x.shape
         rows = x[:, :1] if cls_only else x  # [B, Q, H], Q = 1 or L
-        q = self.query(rows).view(B, rows.size(1), self.heads, -1).transpose(1, 2)  # [B, heads, Q, H/heads]
-        k, v = (p(x).view(B, L, self.heads, -1).transpose(1, 2) for p in (self.key, self.value))  # [B, heads, L, .]
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=self.attn_p if self.training else 0.0)
-        x = self.attn_norm(rows + self.dropout(self.attn_out(a.transpose(1, 2).reshape(B, -1, H))))  # [B, Q, H]
-        return self.ffn_norm(x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(x)))))  # exact (erf) GELU [BERT]
+        q = self.query(rows).view(B, rows.size(1), self.heads, -1).transpose(1, 2)  # [B, h, Q, H/h]
+        k, v = (p(x).view(B, L, self.heads, -1).transpose(1, 2) for p in (self.key, self.value))
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=keep,
+                                           dropout_p=self.attn_p if self.training else 0.0)
+        a = self.attn_out(a.transpose(1, 2).reshape(B, -1, H))  # [B, Q, H]
+        x = self.attn_norm(rows + self.dropout(a))
+        return self.ffn_norm(x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(x)))))  # erf GELU [BERT]
 
 
 class MLMHead(nn.Module):
@@ -362,17 +304,17 @@ class Bert(nn.Module):
     def embed(self, ids):  # ids [B, L] -> x [B, L, H]
         return self.embeddings(ids)
 
-    def encode(self, x, mask, all_layers=False, cls_only=False):  # x [B, L, H], mask [B, L] -> [B, L, H]
-        """The last layer's states (or every layer's). cls_only: the last layer computes the [CLS] row alone,
-        [B, 1, H], for callers that read [CLS] only (training steps, CLS evaluation): 1/L of its query, output
-        and FFN work. Nothing after the last layer looks at the other rows, so [CLS] is unchanged."""
+    def encode(self, x, mask, all_layers=False, cls_only=False):  # x [B, L, H], mask [B, L]
+        """The last layer's states [B, L, H] (or every layer's). cls_only: the last layer computes the
+        [CLS] row alone, [B, 1, H], for callers that read [CLS] only (training steps, CLS evaluation):
+        1/L of its query, output and FFN work. Nothing after the last layer reads the other rows."""
         keep = mask.bool()[:, None, None, :]  # [B, 1, 1, L]
         states = [x]
         for i, layer in enumerate(self.layers):
             states.append(layer(states[-1], keep, cls_only=cls_only and i == len(self.layers) - 1))
         return states if all_layers else states[-1]
 
-    def forward(self, ids, mask, cls_only=False):  # ids, mask [B, L] -> [B, L, H] ([B, 1, H] when cls_only)
+    def forward(self, ids, mask, cls_only=False):  # ids, mask [B, L] -> [B, L, H] ([B, 1, H] cls_only)
         return self.encode(self.embed(ids), mask, cls_only=cls_only)
 
     def mlm_logits(self, h):  # h [B, L, H] -> [B, L, V]
@@ -389,495 +331,37 @@ class Bert(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name_or_dir, mlm_head=False, dropout=None, quiet=False):
+        """A Hugging Face BERT or DistilBERT folder, or a known name (downloaded once). Every tensor of
+        the model must be filled with the right shape: never a silent partial load [nanoGPT]."""
         folder = resolve_model(name_or_dir)
-        config_path = folder / "config.json"
-        if not config_path.exists():
-            raise CheckpointError(f"{folder} has no config.json: not a Hugging Face model folder")
-        hf_config = read_json(config_path, "the model's config.json")
-        cfg, tensors = BertConfig.from_hf(hf_config, folder), read_checkpoint(folder)
-        stored = sum(t.numel() for t in tensors.values())
-        if cfg.n_params() > stored:  # before allocating: a hostile or mismatched config.json must not exhaust memory
-            raise CheckpointError(f"{folder}: config.json describes a model of {cfg.n_params():,} parameters but the "
-                                  f"weights file holds {stored:,} numbers: they do not belong together")
+        cfg, tensors, model_type = read_pretrained(folder)  # Part 2: config.json and weights, checked
         model = cls(cfg, mlm_head)
-        state, unused = rename_checkpoint(tensors, hf_config.get("model_type", "bert"), model)
+        state, unused = rename_checkpoint(tensors, model_type, model)  # Hugging Face names -> ours
         model.load_state_dict(state, strict=True)
         if unused and not quiet:
-            print(f"{folder.name}: not used from the checkpoint: {', '.join(sorted(unused))}", file=sys.stderr)
+            print(f"{folder.name}: not used from the checkpoint: {', '.join(sorted(unused))}",
+                  file=sys.stderr)
         if dropout is not None:
             model.set_dropout(dropout)
         return model
 
     def save_pretrained(self, folder, tokenizer, dtype=torch.float32):
+        """A folder that transformers' BertModel and sentence-transformers load (Part 2)."""
         save_pretrained(self, folder, tokenizer, dtype)
 
 
-# --- Checkpoints: safetensors, renaming, saving ----------------------------------------------------------------
+# --- Data ----------------------------------------------------------------------------------------------
 
-SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
-                      "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}  # U8: RNG states in run checkpoints
-MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
-
-# Hugging Face name of each sub-module of one layer -> ours (BERT, then DistilBERT)
-BERT_LAYER = {"attention.self.query": "query", "attention.self.key": "key", "attention.self.value": "value",
-              "attention.output.dense": "attn_out", "attention.output.LayerNorm": "attn_norm",
-              "intermediate.dense": "ffn_in", "output.dense": "ffn_out", "output.LayerNorm": "ffn_norm"}
-DISTILBERT_LAYER = {"attention.q_lin": "query", "attention.k_lin": "key", "attention.v_lin": "value",
-                    "attention.out_lin": "attn_out", "sa_layer_norm": "attn_norm", "ffn.lin1": "ffn_in",
-                    "ffn.lin2": "ffn_out", "output_layer_norm": "ffn_norm"}
-# the rest (embeddings keep their Hugging Face names); MLM heads go to `mlm`
-BERT_TOP = {"cls.predictions.transform.dense": "mlm.dense", "cls.predictions.transform.LayerNorm": "mlm.norm",
-            "cls.predictions": "mlm"}
-DISTILBERT_TOP = {"vocab_transform": "mlm.dense", "vocab_layer_norm": "mlm.norm", "vocab_projector": "mlm"}
-TIED_TO_WORD_EMBEDDINGS = {"cls.predictions.decoder.weight", "vocab_projector.weight"}
-SKIPPED = {"embeddings.position_ids", "cls.predictions.decoder.bias"}  # a buffer; an alias of cls.predictions.bias
-
-
-def read_safetensors(path):
-    """Parse a .safetensors file: 8-byte little-endian header size, JSON header, raw little-endian tensor bytes.
-
-    Every size and offset is checked against the file before anything is allocated, so a corrupt or hostile
-    file gives a CheckpointError, never a crash or a huge allocation.
-    """
-    def bad(why):
-        return CheckpointError(f"{path}: not a valid safetensors file: {why}")
-
-    if not Path(path).is_file():
-        raise CheckpointError(f"{path} is missing or not a file")
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        prefix = f.read(8)
-        if len(prefix) < 8:
-            raise bad(f"{size} bytes, too short to hold the 8-byte header size (truncated?)")
-        n = int.from_bytes(prefix, "little")
-        if n > min(size - 8, MAX_HEADER_BYTES):
-            raise bad(f"the header claims {n} bytes but the file has {size - 8} after the size field (truncated?)")
-        try:
-            header = json.loads(f.read(n).decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError) as e:
-            raise bad(f"the header is not valid JSON ({type(e).__name__})") from None
-        data = memoryview(f.read())
-    if not isinstance(header, dict):
-        raise bad("the header is not a JSON object")
-    if not isinstance(header.get("__metadata__", {}), dict):
-        raise bad("__metadata__ is not a JSON object")
-    tensors, spans = {}, []
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        what = f"tensor {name[:80]!r}"  # reprs cut short: a hostile header must not make a megabyte message
-        dtype_name = info.get("dtype") if isinstance(info, dict) else None
-        if not (isinstance(dtype_name, str) and dtype_name in SAFETENSORS_DTYPES):
-            raise bad(f"{what}: dtype {repr(dtype_name)[:20]} is not one of {sorted(SAFETENSORS_DTYPES)}")
-        shape, offsets = info.get("shape"), info.get("data_offsets")
-        if not (isinstance(shape, list) and len(shape) <= 64
-                and all(type(d) is int and 0 <= d < 2**62 for d in shape)):
-            raise bad(f"{what}: bad shape {repr(shape)[:80]}")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
-                and 0 <= offsets[0] <= offsets[1] <= len(data)):
-            raise bad(f"{what}: data offsets {repr(offsets)[:80]} fall outside the {len(data)} data bytes (truncated?)")
-        if math.prod(shape) * SAFETENSORS_DTYPES[dtype_name].itemsize != offsets[1] - offsets[0]:
-            raise bad(f"{what}: shape {shape} does not fit its {offsets[1] - offsets[0]} bytes")
-        spans.append((offsets[0], offsets[1], name))
-    end = 0
-    for start, stop, name in sorted(spans):
-        if start != end:
-            raise bad(f"tensor {name[:80]!r} starts at byte {start}, expected {end} (overlap or gap)")
-        end = stop
-    if end != len(data):
-        raise bad(f"the tensors cover {end} of {len(data)} data bytes")
-    for start, stop, name in spans:
-        dtype = SAFETENSORS_DTYPES[header[name]["dtype"]]
-        raw = bytearray(data[start:stop])  # a copy: aligned and writable
-        tensors[name] = (torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)).reshape(
-            header[name]["shape"])
-    return tensors
-
-
-def write_safetensors(path, tensors, metadata=None):
-    """Write tensors in the safetensors format (the header padded to a multiple of 8 bytes), atomically."""
-    names = {v: k for k, v in SAFETENSORS_DTYPES.items()}
-    header, offset = {"__metadata__": {"format": "pt", **(metadata or {})}}, 0
-    tensors = {k: t.detach().contiguous().cpu() for k, t in tensors.items()}
-    for name, t in tensors.items():
-        nbytes = t.numel() * t.element_size()
-        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
-    with atomic_write(path, "wb") as f:
-        f.write(len(blob).to_bytes(8, "little") + blob)
-        for t in tensors.values():
-            f.write(t.reshape(-1).view(torch.uint8).numpy().tobytes())  # reshape: a 0-dim tensor has no byte view
-
-
-def read_checkpoint(folder):
-    """Tensors of a model folder: model.safetensors, else pytorch_model.bin (never unpickling code)."""
-    if (folder / "model.safetensors").exists():
-        return read_safetensors(folder / "model.safetensors")
-    if (folder / "pytorch_model.bin").exists():
-        try:
-            return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
-        except Exception as e:  # weights_only refuses anything but tensors and plain containers
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise CheckpointError(f"{folder}/pytorch_model.bin cannot be loaded safely (weights only): {first}") \
-                from None
-    raise CheckpointError(f"{folder} has neither model.safetensors nor pytorch_model.bin")
-
-
-def hf_to_ours(key, model_type):
-    """A Hugging Face checkpoint key -> our parameter name, or None if our model has no such tensor."""
-    key = re.sub(r"^(bert|distilbert)\.", "", key)
-    key = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", key))
-    layer_names, top = (DISTILBERT_LAYER, DISTILBERT_TOP) if model_type == "distilbert" else (BERT_LAYER, BERT_TOP)
-    m = re.fullmatch(r"(?:encoder|transformer)\.layer\.(\d+)\.(.+)\.(weight|bias)", key)
-    if m:
-        return f"layers.{m[1]}.{layer_names[m[2]]}.{m[3]}" if m[2] in layer_names else None
-    module, _, param = key.rpartition(".")
-    if module.startswith("embeddings."):
-        return key
-    return f"{top[module]}.{param}" if module in top else None
-
-
-def ours_to_hf(name):
-    """Our parameter name -> the Hugging Face BertModel / BertForMaskedLM key."""
-    m = re.fullmatch(r"layers\.(\d+)\.(\w+)\.(weight|bias)", name)
-    if m:
-        return f"encoder.layer.{m[1]}.{ {v: k for k, v in BERT_LAYER.items()}[m[2]]}.{m[3]}"
-    module, _, param = name.rpartition(".")
-    return {v: k for k, v in BERT_TOP.items()}.get(module, module) + "." + param
-
-
-def rename_checkpoint(tensors, model_type, model):
-    """Map checkpoint tensors onto the model's names; every model tensor must be filled with the right shape.
-
-    Returns (state_dict, unused checkpoint keys). Raises CheckpointError naming missing or mismatched tensors.
-    """
-    expected = model.state_dict()
-    state, unused = {}, set()
-    for key, t in tensors.items():
-        bare = re.sub(r"^(bert|distilbert)\.", "", key)
-        if bare in SKIPPED:
-            continue
-        if bare in TIED_TO_WORD_EMBEDDINGS:
-            if model.mlm is not None and not torch.equal(t, _find(tensors, "embeddings.word_embeddings.weight")):
-                raise CheckpointError(f"{key} is not tied to the word embeddings; this BERT ties them")
-            continue
-        ours = hf_to_ours(key, model_type)
-        if ours is None or ours not in expected:
-            unused.add(key)
-        else:
-            state[ours] = t.to(expected[ours].dtype)
-    missing = [k for k in expected if k not in state]
-    if missing:
-        hint = " (the checkpoint has no masked-LM head)" if all(k.startswith("mlm.") for k in missing) else ""
-        raise CheckpointError(f"checkpoint is missing {len(missing)} tensors{hint}: {', '.join(missing[:8])}"
-                              + (" ..." if len(missing) > 8 else ""))
-    wrong = [f"{k} {tuple(state[k].shape)} != {tuple(expected[k].shape)}" for k in expected
-             if state[k].shape != expected[k].shape]
-    if wrong:
-        raise CheckpointError(f"checkpoint tensors do not match config.json: {'; '.join(wrong[:4])}")
-    return state, unused
-
-
-def _find(tensors, suffix):
-    return next(t for k, t in tensors.items() if k.endswith(suffix))
-
-
-@contextlib.contextmanager
-def atomic_write(path, mode="w"):
-    """Write to a temporary file beside `path`, then rename over it: readers never see a partial file."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
-    """Write a Hugging Face-style folder that transformers' BertModel and sentence-transformers load (CLS pooling)."""
-    folder = Path(folder)
-    (folder / "1_Pooling").mkdir(parents=True, exist_ok=True)
-    prefix = "bert." if model.mlm is not None else ""  # BertForMaskedLM keys when there is an MLM head
-    tensors = {prefix * (not n.startswith("mlm.")) + ours_to_hf(n): t.to(dtype) for n, t in model.state_dict().items()}
-    write_safetensors(folder / "model.safetensors", tensors)
-    cfg = model.cfg
-    config = {"architectures": ["BertForMaskedLM" if model.mlm is not None else "BertModel"], "model_type": "bert",
-              **dataclasses.asdict(cfg), "hidden_act": "gelu", "position_embedding_type": "absolute",
-              "initializer_range": 0.02, "torch_dtype": str(dtype).removeprefix("torch.")}
-    files = {
-        "config.json": config,
-        "tokenizer_config.json": {"tokenizer_class": "BertTokenizer", "do_lower_case": tokenizer.lower,
-                                  "strip_accents": None if tokenizer.strip_accents == tokenizer.lower
-                                  else tokenizer.strip_accents, "model_max_length": cfg.max_position_embeddings,
-                                  **{k: v for k, v in zip(("pad_token", "unk_token", "cls_token", "sep_token",
-                                                           "mask_token"), SPECIAL_TOKENS)}},
-        "special_tokens_map.json": dict(zip(("pad_token", "unk_token", "cls_token", "sep_token", "mask_token"),
-                                            SPECIAL_TOKENS)),
-        "modules.json": [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-                         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}],
-        "sentence_bert_config.json": {"max_seq_length": cfg.max_position_embeddings, "do_lower_case": False},
-        "1_Pooling/config.json": {"word_embedding_dimension": cfg.hidden_size, "pooling_mode_cls_token": True,
-                                  "pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": False,
-                                  "pooling_mode_mean_sqrt_len_tokens": False},
-    }
-    for name, content in files.items():
-        with atomic_write(folder / name) as f:
-            json.dump(content, f, indent=2)
-    with atomic_write(folder / "vocab.txt") as f:
-        f.write("".join(token + "\n" for token in tokenizer.vocab))
-
-
-# --- Resolving and downloading models and data -----------------------------------------------------------------
-
-HF_ENDPOINT = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-CACHE = Path(os.environ.get("SIMCSE_CACHE", Path.home() / ".cache" / "simcse-min"))
-KNOWN_MODELS = {  # name -> files to fetch (the weights last, so a folder with weights is complete)
-    "bert-base-uncased": ["config.json", "vocab.txt", "tokenizer_config.json", "model.safetensors"],
-    "bert-large-uncased": ["config.json", "vocab.txt", "tokenizer_config.json", "model.safetensors"],
-    "distilbert-base-uncased": ["config.json", "vocab.txt", "tokenizer_config.json", "model.safetensors"],
-    "google/bert_uncased_L-4_H-256_A-4": ["config.json", "vocab.txt", "pytorch_model.bin"],
-    "sentence-transformers/all-MiniLM-L6-v2": ["config.json", "vocab.txt", "tokenizer_config.json",
-                                               "model.safetensors"],
-}
-DATASETS = "datasets/princeton-nlp/datasets-for-simcse/resolve/main"
-KNOWN_DATA = {"wiki1m_for_simcse.txt": f"{DATASETS}/wiki1m_for_simcse.txt",
-              "nli_for_simcse.csv": f"{DATASETS}/nli_for_simcse.csv",
-              "senteval.tar": f"{DATASETS}/senteval.tar"}
-
-
-def resolve_model(name_or_dir):
-    """A local folder, else the Hugging Face cache, else our cache, else a download of a known name."""
-    path = Path(name_or_dir).expanduser()
-    if path.is_dir():
-        return path
-    hub = Path(os.environ.get("HF_HUB_CACHE", Path.home() / ".cache" / "huggingface" / "hub"))
-    for snapshot in sorted(hub.glob(f"models--{str(name_or_dir).replace('/', '--')}/snapshots/*")):
-        if (snapshot / "config.json").exists() and (snapshot / "vocab.txt").exists():
-            return snapshot
-    ours = CACHE / "models" / str(name_or_dir)
-    files = KNOWN_MODELS.get(str(name_or_dir))
-    if files and all((ours / f).exists() for f in files):
-        return ours
-    if files is None:
-        raise UserError(f"model {name_or_dir!r} is neither a folder nor a known name "
-                        f"({', '.join(KNOWN_MODELS)}); pass the path of a Hugging Face model folder")
-    for f in files:
-        download(f"{HF_ENDPOINT}/{name_or_dir}/resolve/main/{f}", ours / f)
-    return ours
-
-
-def download(url, dest, expected_sha256=None):
-    """Fetch url to dest with a progress line, resuming a partial download, checking size and SHA-256.
-
-    The SHA-256 is `expected_sha256` or, for Hugging Face's large files, the ETag the server sends.
-    """
-    dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    part = dest.with_name(dest.name + ".part")
-    have = part.stat().st_size if part.exists() else 0
-    request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
-    try:
-        response = urllib.request.urlopen(request, timeout=60)
-    except urllib.error.HTTPError as e:
-        if e.code == 416:  # nothing left to fetch: the part file is complete
-            response = None
-        else:
-            raise UserError(f"download of {url} failed: HTTP {e.code} {e.reason}") from None
-    except (urllib.error.URLError, OSError) as e:
-        raise UserError(f"cannot download {url} ({getattr(e, 'reason', e)}): you seem to be offline; fetch the file "
-                        f"on a machine with internet and pass its local path instead") from None
-    if response is not None:
-        with response:
-            if response.status != 206:
-                have = 0  # the server ignored the range: start over
-            total = have + int(response.headers.get("Content-Length", 0))
-            etag = (response.headers.get("X-Linked-Etag") or response.headers.get("ETag") or "").strip('"W/')
-            expected_sha256 = expected_sha256 or (etag if re.fullmatch(r"[0-9a-f]{64}", etag) else None)
-            with open(part, "ab" if have else "wb") as f:
-                done, shown = have, 0.0
-                try:
-                    while chunk := response.read(1 << 20):
-                        f.write(chunk)
-                        done += len(chunk)
-                        if time.time() - shown > 1 or done == total:
-                            shown = time.time()
-                            print(f"\r{dest.name}: {done / 1e6:.1f} / {total / 1e6:.1f} MB", end="", file=sys.stderr)
-                except (OSError, http.client.HTTPException) as e:  # reset or timed out: keep the part to resume
-                    print(file=sys.stderr)
-                    raise UserError(f"download of {url} was cut at {done} of {total} bytes ({type(e).__name__}); "
-                                    f"run the same command again to resume") from None
-            print(file=sys.stderr)
-            if total and part.stat().st_size != total:
-                raise UserError(f"download of {url} was cut at {part.stat().st_size} of {total} bytes; "
-                                f"run the same command again to resume")
-    if expected_sha256 and sha256_file(part) != expected_sha256:
-        part.unlink()
-        raise UserError(f"download of {url} is corrupt (SHA-256 mismatch); it was deleted, run again to re-fetch")
-    os.replace(part, dest)
-    return dest
-
-
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def resolve_data(path):
-    """A local file, else a known SimCSE file name fetched once into the cache."""
-    p = Path(path).expanduser()
-    if p.exists() or Path(path).name not in KNOWN_DATA or p.parent != Path("."):
-        return p
-    cached = CACHE / "data" / p.name
-    return cached if cached.exists() else download(f"{HF_ENDPOINT}/{KNOWN_DATA[p.name]}", cached)
-
-
-def download_senteval(dest=CACHE / "senteval"):
-    """Fetch SimCSE's senteval.tar and unpack its STS/SICK files: dest/downstream/{STS,SICK}."""
-    tar_path = download(f"{HF_ENDPOINT}/{KNOWN_DATA['senteval.tar']}", CACHE / "data" / "senteval.tar")
-    with tarfile.open(tar_path) as tar:
-        members = [m for m in tar.getmembers() if re.search(r"downstream/(STS|SICK)/", m.name) and m.isfile()]
-        tmp = Path(tempfile.mkdtemp(dir=CACHE))
-        tar.extractall(tmp, members=members, filter="data")
-    found = next(tmp.rglob("downstream"))
-    shutil.rmtree(dest / "downstream", ignore_errors=True)
-    dest.mkdir(parents=True, exist_ok=True)
-    os.replace(found, dest / "downstream")
-    shutil.rmtree(tmp)
-    return dest / "downstream"
-
-
-def resolve_senteval(path, mode="test"):
-    """The SentEval 'downstream' folder: the given path (or its downstream/ child), else our cache, else download."""
-    if path:
-        p = Path(path).expanduser()
-        root = p / "downstream" if (p / "downstream").is_dir() else p
-        check_senteval(root, mode)
-        return root
-    for root in (Path("SentEval/data/downstream"), CACHE / "senteval" / "downstream"):
-        if root.is_dir():
-            check_senteval(root, mode)
-            return root
-    print("no SentEval data given (--senteval): downloading SimCSE's senteval.tar once", file=sys.stderr)
-    return download_senteval()
-
-
-# --- Data --------------------------------------------------------------------------------------------------------
-
-def read_lines(path):
-    """Non-blank lines of a UTF-8 text file, stripped; a one-line error for anything unusable."""
-    path = Path(path)
-    if not path.exists():
-        raise UserError(f"data file {path} does not exist")
-    if path.is_dir():
-        raise UserError(f"data file {path} is a directory; pass a text file with one sentence per line")
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        raise UserError(f"{path} is not UTF-8 (line {line}, byte {e.start}); convert it, e.g. iconv -t UTF-8") from None
-    lines = [s for s in (line.strip() for line in text.splitlines()) if s]
-    if not lines:
-        raise UserError(f"data file {path} holds no sentences")
-    return lines
-
-
-MAX_SENTENCE_CHARS = 10_000  # [impl] longer sentences are cut: 512 tokens of text fit ~10x over, and tokenizing a
-# stray megabyte-long line (a file without newlines) would take minutes; training keeps max_len tokens anyway
-
-
-def read_training_data(path):
-    """Sentences (one per line), or rows of a CSV (sentence, positive[, hard negative]) for supervised SimCSE.
-
-    Returns a list of tuples of strings: 1 column (unsupervised) or 2-3 columns (supervised), each string cut to
-    MAX_SENTENCE_CHARS (said once on stderr, not an error).
-    """
-    rows = read_rows(path)
-    cut = sum(len(s) > MAX_SENTENCE_CHARS for r in rows for s in r)
-    if cut:
-        print(f"note: {cut} sentence(s) in {path} longer than {MAX_SENTENCE_CHARS:,} characters were cut to that "
-              f"length", file=sys.stderr)
-        rows = [tuple(s[:MAX_SENTENCE_CHARS] for s in r) for r in rows]
-    return rows
-
-
-def read_rows(path):
-    import csv
-    lines = read_lines(path)
-    if Path(path).suffix != ".csv":
-        return [(s,) for s in lines]
-    rows = list(csv.reader(lines))
-    if rows and [c.lower() for c in rows[0]][:2] in (["sent0", "sent1"], ["sentence", "positive"]):
-        rows = rows[1:]  # header line [official nli_for_simcse.csv: sent0,sent1,hard_neg]
-    widths = {len(r) for r in rows}
-    if not rows or len(widths) != 1 or widths.pop() not in (2, 3):
-        raise UserError(f"{path}: a supervised CSV needs 2 or 3 columns on every row "
-                        f"(sentence, positive[, hard negative])")
-    return [tuple(r) for r in rows]
-
-
-class TokenizedRows:
-    """Rows of C tokenized columns in one flat int32 array with offsets: 1M sentences are ~130 MB here, not the
-    ~1 GB of Python lists. rows[i] -> tuple of C id lists."""
-
-    def __init__(self, flat, offsets, cols):
-        self.flat, self.offsets, self.cols = flat, offsets, cols  # [T] int32, [N*C + 1] int64
-
-    @classmethod
-    def from_lists(cls, id_lists, cols):
-        lengths = np.fromiter((len(x) for x in id_lists), dtype=np.int64, count=len(id_lists))
-        flat = np.fromiter((t for x in id_lists for t in x), dtype=np.int32, count=int(lengths.sum()))
-        return cls(flat, np.concatenate([[0], np.cumsum(lengths)]), cols)
-
-    def __len__(self):
-        return (len(self.offsets) - 1) // self.cols
-
-    def __getitem__(self, i):
-        o = self.offsets
-        return tuple(self.flat[o[i * self.cols + c]:o[i * self.cols + c + 1]].tolist() for c in range(self.cols))
-
-
-def tokenize_file(tok, path, max_len):
-    """Read and tokenize a training file once (all CPU cores), cached on disk by file content, vocabulary and
-    max_len so later runs start at once: (TokenizedRows, seconds, cache hit?)."""
-    start, path = time.time(), Path(path)
-    if not path.is_file():
-        read_lines(path)  # the one-line error for a missing file or a directory
-    key = hashlib.sha256(f"{sha256_file(path)} {path.suffix} {tok.vocab_digest()} {max_len}".encode()).hexdigest()
-    cached = CACHE / "tokens" / f"{key[:32]}.npz"
-    if cached.exists():
-        with np.load(cached) as z:
-            return TokenizedRows(z["flat"], z["offsets"], int(z["cols"])), time.time() - start, True
-    rows = read_training_data(path)
-    data = TokenizedRows.from_lists(tokenize_corpus(tok, [s for r in rows for s in r], max_len), len(rows[0]))
-    with contextlib.suppress(OSError):  # a read-only cache only costs the next run the tokenization
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_write(cached, "wb") as f:
-            np.savez(f, flat=data.flat, offsets=data.offsets, cols=data.cols)
-    return data, time.time() - start, False
-
-
-def batches(n, batch_size, seed, epoch):
-    """Index lists of one epoch: a fresh permutation per (seed, epoch); the last partial batch is dropped
-    (a batch of one sentence has no negatives; the official code keeps it: 15,626 vs 15,625 steps)."""
+def epoch_batches(n, batch_size, seed, epoch):
+    """Index lists of one epoch: a fresh permutation per (seed, epoch); the last partial batch is
+    dropped (a batch of one sentence has no negatives; the official code keeps it: 15,626 vs 15,625)."""
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + epoch)).tolist()
     return [order[i:i + batch_size] for i in range(0, n - batch_size + 1, batch_size)]
 
 
 def collate(tok, rows, device, width=None):
-    """Rows of C columns of id lists -> ids, mask [B, C, L], every column padded to the longest (or to `width`:
-    static shapes for a compiled model)."""
+    """Rows of C columns of id lists -> ids, mask [B, C, L], every column padded to the longest (or to
+    `width`: static shapes for a compiled model)."""
     ids, mask = tok.pad([x for r in rows for x in r], width)  # [B*C, L]
     B, C = len(rows), len(rows[0])
     return to_device(ids.view(B, C, -1), device), to_device(mask.view(B, C, -1), device)
@@ -890,7 +374,7 @@ def to_device(t, device):
     return t.to(device, non_blocking=True)
 
 
-# --- STS evaluation (SimCSE's SentEval fork: cosine similarity, Spearman x 100, 'all' for STS12-16) ---------------
+# --- STS evaluation (SimCSE's SentEval fork: cosine, Spearman x 100, 'all' for STS12-16) -------------
 
 STS_YEARS = {  # task -> subsets, as SentEval reads them [official SentEval sts.py]
     "STS12": ["MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"],
@@ -915,58 +399,40 @@ def sts_files(mode):
     return files + [SPLIT_FILES[t][mode] for t in SPLIT_FILES]
 
 
-def check_senteval(root, mode="test"):
-    if not Path(root).is_dir():
-        raise UserError(f"SentEval folder {root} does not exist; get it with `python common.py download senteval` "
-                        f"and pass --senteval ~/.cache/simcse-min/senteval")
-    missing = [f for f in sts_files(mode) if not (Path(root) / f).is_file()]
-    if missing:
-        raise UserError(f"SentEval folder {root} is incomplete: missing {', '.join(missing[:4])}"
-                        + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
-                        + "; get it with `python common.py download senteval` and pass --senteval "
-                          "~/.cache/simcse-min/senteval")
-
-
 def _joined(s):
-    return " ".join(s.split())  # SentEval splits on whitespace and the batcher re-joins with single spaces
+    return " ".join(s.split())  # SentEval splits on whitespace; its batcher re-joins with single spaces
 
 
 def load_sts_subset(root, year, subset):
-    """(sentences A, sentences B, gold scores) of one STS12-16 subset; pairs with an empty gold score dropped."""
+    """(sentences A, sentences B, gold) of one STS12-16 subset; pairs with an empty gold score dropped."""
     folder = Path(root) / "STS" / f"{year}-en-test"
-    pairs = [line.split("\t") for line in (folder / f"STS.input.{subset}.txt").read_text("utf8").splitlines()]
-    gold = (folder / f"STS.gs.{subset}.txt").read_text("utf8").splitlines()
-    keep = [i for i, g in enumerate(gold) if g != ""]  # the not_empty_idx filter [official SentEval sts.py]
-    with _malformed(folder / f"STS.{{input,gs}}.{subset}.txt"):
+    with malformed_file(folder / f"STS.{{input,gs}}.{subset}.txt"):  # Part 2: one line naming it
+        pairs = [line.split("\t") for line in
+                 (folder / f"STS.input.{subset}.txt").read_text("utf8").splitlines()]
+        gold = (folder / f"STS.gs.{subset}.txt").read_text("utf8").splitlines()
+        keep = [i for i, g in enumerate(gold) if g != ""]  # not_empty_idx [official SentEval sts.py]
         return ([_joined(pairs[i][0]) for i in keep], [_joined(pairs[i][1]) for i in keep],
                 np.array([float(gold[i]) for i in keep]))
 
 
 def load_sts_split(root, task, split):
-    """STS-B (score in column 4, sentences 5-6) or SICK-R (header line; sentences 1-2, score 3), one split."""
-    lines = (Path(root) / SPLIT_FILES[task][split]).read_text("utf8").splitlines()
-    cols = [line.strip().split("\t") for line in (lines if task == "STSBenchmark" else lines[1:])]
-    a, b, y = (5, 6, 4) if task == "STSBenchmark" else (1, 2, 3)
-    with _malformed(Path(root) / SPLIT_FILES[task][split]):
-        return [_joined(c[a]) for c in cols], [_joined(c[b]) for c in cols], np.array([float(c[y]) for c in cols])
-
-
-@contextlib.contextmanager
-def _malformed(path):
-    """A cut or edited SentEval file (a short row, a score that is not a number) -> one line that names it."""
-    try:
-        yield
-    except (IndexError, ValueError) as e:
-        raise UserError(f"SentEval file {path} is malformed ({type(e).__name__}: {str(e)[:80]}); "
-                        f"get a fresh copy with `python common.py download senteval`") from None
+    """STS-B (score in column 4, sentences 5-6) or SICK-R (a header; sentences 1-2, score 3)."""
+    path = Path(root) / SPLIT_FILES[task][split]
+    with malformed_file(path):
+        lines = path.read_text("utf8").splitlines()
+        cols = [line.strip().split("\t") for line in (lines if task == "STSBenchmark" else lines[1:])]
+        a, b, y = (5, 6, 4) if task == "STSBenchmark" else (1, 2, 3)
+        return [_joined(c[a]) for c in cols], [_joined(c[b]) for c in cols], \
+            np.array([float(c[y]) for c in cols])
 
 
 def load_sts(root, mode="test"):
     """{task: {subset or split: (A, B, gold)}} for the tasks a mode reports."""
-    check_senteval(root, mode)
+    check_senteval(root, mode)  # Part 2: a missing or incomplete folder is one line
     tasks = {}
     if mode == "test":
-        tasks = {year: {s: load_sts_subset(root, year, s) for s in subsets} for year, subsets in STS_YEARS.items()}
+        tasks = {year: {s: load_sts_subset(root, year, s) for s in subsets}
+                 for year, subsets in STS_YEARS.items()}
     for task in SPLIT_FILES:
         tasks[task] = {mode: load_sts_split(root, task, mode)}
     return tasks
@@ -976,30 +442,30 @@ POOLERS = ("cls", "avg", "avg_first_last", "avg_top2")
 
 
 def pool(states, mask, pooler):
-    """Sentence vectors [B, H] from every layer's states ([emb, layer 1, ..., layer N], each [B, L, H])."""
+    """Sentence vectors [B, H] from every layer's states ([emb, layer 1, ..., layer N], [B, L, H])."""
     if pooler == "cls":
         return states[-1][:, 0]  # raw [CLS], no head: the papers' test vector
-    chosen = {"avg": [-1], "avg_first_last": [0, -1], "avg_top2": [-2, -1]}[pooler]  # first = embedding output
+    chosen = {"avg": [-1], "avg_first_last": [0, -1], "avg_top2": [-2, -1]}[pooler]  # 0: embeddings
     h = sum(states[i] for i in chosen) / len(chosen)  # [B, L, H]
     m = mask.unsqueeze(-1).to(h.dtype)  # [B, L, 1]
     return (h * m).sum(1) / m.sum(1)
 
 
 def encode_sentences(model, tok, sentences, pooler="cls", batch_size=128, id_lists=None):
-    """Sentence vectors [N, H] (float32, on the CPU) in eval mode: sorted by length to cut padding, order restored."""
+    """Sentence vectors [N, H] (float32, CPU) in eval mode: sorted by length to cut padding."""
     if pooler not in POOLERS:
         raise UserError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
     id_lists = id_lists or [tok.encode(s, model.cfg.max_position_embeddings) for s in sentences]
     order = sorted(range(len(id_lists)), key=lambda i: -len(id_lists[i]))
-    device = next(model.parameters()).device
-    was_training = model.training
+    device, was_training = next(model.parameters()).device, model.training
     model.eval()
     out = torch.empty(len(id_lists), model.cfg.hidden_size)
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
-            ids, mask = (to_device(t, device) for t in tok.pad([id_lists[i] for i in idx]))  # [b, L] each
-            states = model.encode(model.embed(ids), mask, all_layers=pooler != "cls", cls_only=pooler == "cls")
+            ids, mask = (to_device(t, device) for t in tok.pad([id_lists[i] for i in idx]))  # [b, L]
+            states = model.encode(model.embed(ids), mask, all_layers=pooler != "cls",
+                                  cls_only=pooler == "cls")
             out[idx] = pool(states if pooler != "cls" else [states], mask, pooler).float().cpu()
     model.train(was_training)
     return out
@@ -1011,16 +477,14 @@ def cosine(a, b):  # a, b [N, H] -> [N]
 
 
 def score_pairs(pred, gold):
-    return {"spearman": 100 * scipy.stats.spearmanr(pred, gold)[0], "pearson": 100 * scipy.stats.pearsonr(pred, gold)[0],
-            "n": len(gold)}
+    return {"spearman": 100 * scipy.stats.spearmanr(pred, gold)[0],
+            "pearson": 100 * scipy.stats.pearsonr(pred, gold)[0], "n": len(gold)}
 
 
 def evaluate_sts(model, tok, root, mode="test", pooler="cls", batch_size=128, tasks=None):
-    """Spearman x 100 per task as the papers report it, plus details (Pearson, subsets, 'mean', 'wmean').
-
-    Each distinct sentence is encoded once. STS12-16 report 'all': the subsets concatenated, one Spearman
-    [SimCSE's SentEval fork]; STS-B and SICK-R report the split of the mode (test; dev = STS-B dev, SICK trial).
-    """
+    """Spearman x 100 per task as the papers report it, plus details (Pearson, subsets, 'mean',
+    'wmean'). Each distinct sentence is encoded once. STS12-16 report 'all': the subsets concatenated,
+    one Spearman [SimCSE's SentEval fork]; STS-B and SICK-R report the mode's split (dev: SICK trial)."""
     start = time.time()
     tasks = tasks or load_sts(root, mode)
     unique = sorted({s for subsets in tasks.values() for a, b, _ in subsets.values() for s in a + b})
@@ -1032,9 +496,8 @@ def evaluate_sts(model, tok, root, mode="test", pooler="cls", batch_size=128, ta
                  for name, (a, b, _) in subsets.items()}
         scores = {name: score_pairs(preds[name], gold) for name, (_, _, gold) in subsets.items()}
         if task in STS_YEARS:
-            all_pred = np.concatenate(list(preds.values()))
             all_gold = np.concatenate([gold for _, _, gold in subsets.values()])
-            scores["all"] = score_pairs(all_pred, all_gold)
+            scores["all"] = score_pairs(np.concatenate(list(preds.values())), all_gold)
             sizes = np.array([scores[n]["n"] for n in subsets])
             spearman = np.array([scores[n]["spearman"] for n in subsets])
             scores["mean"] = float(spearman.mean())
@@ -1043,8 +506,8 @@ def evaluate_sts(model, tok, root, mode="test", pooler="cls", batch_size=128, ta
         else:
             results[task] = scores[mode]["spearman"]
         details[task] = scores
-    if mode == "test" and len(results) == len(TEST_TASKS):
-        results["Avg"] = float(np.mean([round(results[t], 2) for t in TEST_TASKS]))  # of the printed values [official]
+    if mode == "test" and len(results) == len(TEST_TASKS):  # of the printed values [official]
+        results["Avg"] = float(np.mean([round(results[t], 2) for t in TEST_TASKS]))
     details["seconds"] = round(time.time() - start, 2)
     details["sentences_encoded"] = len(unique)
     return {**{k: float(v) for k, v in results.items()}, "details": details}
@@ -1057,10 +520,35 @@ def format_table(results):
     return head + "\n" + " | ".join(f"{results[k]:7.2f}" for k in keys)
 
 
-class DevSet:
-    """STS-B dev, tokenized once: the fast checkpoint-selection score used during training (3,000 sentences).
+POSITIVE_GOLD = 4.0  # pairs with gold > 4 are the positive pairs [SimCSE §5 fn. 3; DiffCSE Table 11]
 
-    `score` also leaves (alignment, uniformity) of the same vectors in `align_uniform` (see Analysis)."""
+
+def alignment(x, y):  # x, y [N, H] positive pairs -> E ||x - y||^2, L2-normalised (lower is better)
+    x, y = F.normalize(x.double(), dim=-1), F.normalize(y.double(), dim=-1)
+    return (x - y).pow(2).sum(-1).mean().item()  # [Wang & Isola 2020, Eq. 2]; NaN without a pair
+
+
+def uniformity(x):  # x [N, H] -> log E exp(-2 ||x_i - x_j||^2) over pairs i < j (lower is better)
+    x = F.normalize(x.double(), dim=-1)
+    return torch.pdist(x).pow(2).mul(-2).exp().mean().log().item()  # i < j only [Wang & Isola]
+
+
+def align_uniform(a, b, gold, distinct):  # a, b [N, H] pairs, gold [N], distinct [M, H]
+    positive = torch.as_tensor(np.asarray(gold) > POSITIVE_GOLD)  # [N] bool
+    return alignment(a[positive], b[positive]), uniformity(distinct)
+
+
+def distinct_indices(sentences):
+    """The first index of each distinct sentence: uniformity counts a repeated sentence once."""
+    first = {}
+    for i, s in enumerate(sentences):
+        first.setdefault(s, i)
+    return sorted(first.values())
+
+
+class DevSet:
+    """STS-B dev, tokenized once: the fast checkpoint-selection score of training (3,000 sentences).
+    `score` also leaves (alignment, uniformity) of the same vectors in `align_uniform`."""
 
     def __init__(self, tok, root, max_len=512):
         a, b, self.gold = load_sts(root, "dev")["STSBenchmark"]["dev"]
@@ -1071,38 +559,1284 @@ class DevSet:
         vectors = encode_sentences(model, self.tok, None, "cls", 256, id_lists=self.ids)  # [3000, H]
         n = len(self.gold)
         self.align_uniform = align_uniform(vectors[:n], vectors[n:], self.gold, vectors[self.distinct])
-        return 100 * scipy.stats.spearmanr(cosine(vectors[:n], vectors[n:]), self.gold)[0]
+        return float(100 * scipy.stats.spearmanr(cosine(vectors[:n], vectors[n:]), self.gold)[0])
 
 
-# --- Analysis: alignment/uniformity, singular values, similarity by gold score --------------------------------
+# --- Loop pieces: seed, flags, precision, optimizer, one global batch over processes, the run -------
 
-POSITIVE_GOLD = 4.0  # STS-B pairs with a gold score > 4 are the positive pairs [SimCSE §5 fn. 3; DiffCSE Table 11]
+def set_seed(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def parse_args(config_cls, argv=None):
+    """Dataclass fields -> `--name value` flags (booleans also bare: `--compile`); each field's
+    trailing comment is its --help text."""
+    helps = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.+)$", inspect.getsource(config_cls), re.M))
+    doc = (sys.modules[config_cls.__module__].__doc__ or "").split("\n")[0]
+    parser = OneLineErrors(description=doc, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for f in dataclasses.fields(config_cls):
+        kind = {"bool": parse_bool, "int": int, "float": float}.get(str(getattr(f.type, "__name__",
+                                                                                f.type)), str)
+        switch = dict(nargs="?", const=True) if kind is parse_bool else {}
+        parser.add_argument(f"--{f.name}", type=kind, default=f.default, help=helps.get(f.name, " "),
+                            **switch)
+    return config_cls(**vars(parser.parse_args(argv)))
+
+
+def autocast(device):
+    """bf16 autocast on CUDA (no grad scaler needed); plain fp32 elsewhere [nanoGPT]."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def upcast(x):
+    """x in float32 at least (float64 stays float64): the loss math never runs in bf16 [DESIGN]."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def make_optimizer(params, lr, total_steps, device):
+    """AdamW (wd 0, betas 0.9/0.999, eps 1e-8), linear decay to 0, no warm-up [official: HF Trainer]."""
+    params = [p for p in params if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                            fused=device.type == "cuda")
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: max(0.0, 1 - step / total_steps))
+    return opt, sched
+
+
+def optimizer_step(loss, opt, sched, max_grad_norm=1.0):
+    """backward, clip the global gradient norm at 1.0 [official: HF Trainer], step, zero."""
+    loss.backward()
+    params = [p for group in opt.param_groups for p in group["params"]]
+    torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    opt.step()
+    sched.step()
+    opt.zero_grad(set_to_none=True)
+
+
+# Multi-GPU (`torchrun --nproc_per_node N X_min.py ...`; setup in Part 2): --batch_size stays the global
+# batch. Every process reads the same batch, encodes its share (shard), and the losses see the whole
+# batch (all_gather): negatives, queue and BatchNorm statistics are those of one process. One process:
+# shard and all_gather return their input, and nothing else changes.
+
+def world():
+    """(rank, number of processes); (0, 1) without a process group."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def shard(x, views=1):
+    """This process's rows of a global batch. x [views*B, ...] holds `views` blocks of B rows,
+    view-major -> [views*b, ...], b = B/N: rank r takes rows r*b..(r+1)*b of every block."""
+    rank, size = world()
+    blocks = x.unflatten(0, (views, -1))  # [views, B, ...]
+    b = blocks.size(1) // size
+    return blocks[:, rank * b:(rank + 1) * b].flatten(0, 1)
+
+
+class _AllGather(torch.autograd.Function):
+    """[views, b, ...] on each rank -> [views, N*b, ...], rank order, on every rank; differentiable.
+    Backward: every rank's loss is the whole-batch loss L, so rank r's gradient is dL/d(its rows), a
+    slice of the gathered gradient, summed over ranks: DDP then averages parameter gradients over N,
+    and the sum cancels that average, so one step equals one process's step on the whole batch.
+    [impl] tests/test_ddp.py checks this against one process; without the sum a step moves 1/N."""
+
+    @staticmethod
+    def forward(ctx, x):
+        parts = [torch.empty_like(x) for _ in range(world()[1])]
+        dist.all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim=1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()  # all_reduce works in place; the incoming buffer is autograd's
+        dist.all_reduce(grad)  # sum over ranks
+        rank, size = world()
+        b = grad.size(1) // size
+        return grad[:, rank * b:(rank + 1) * b]
+
+
+def all_gather(x, views=1):
+    """The inverse of shard, with gradient: this rank's [views*b, ...] -> [views*B, ...] everywhere."""
+    if world()[1] == 1:
+        return x
+    return _AllGather.apply(x.unflatten(0, (views, -1))).flatten(0, 1)
+
+
+class Run:
+    """One training run's bookkeeping for train(): the checked inputs, the log, model and data, STS-B
+    dev evaluation, the best state, and at the end the test table, results.json and the saved model.
+    The loop itself, with its evaluation schedule, checkpoints and stops, is in each train()."""
+
+    def __init__(self, cfg, method, script, models=("model",)):
+        self.cfg, self.method, self.log_lines = cfg, method, []  # log lines wait for start()
+        self.resumed = read_resumed_run(cfg, method)  # --resume: the checkpoint; its config into cfg
+        self.device = init_distributed(resolve_device(cfg.device))  # under torchrun: this rank's
+        self.rank, self.world_size = world()
+        check_inputs(cfg, models, self.world_size)  # every flag and input; all problems in one line
+        set_seed(cfg.seed + self.rank)  # dropout masks; data order and views have their own generators
+        self.out, self.width, self.signal = Path(cfg.out_dir), None, 0
+        self.log(f"{method} | {script} sha256 {sha256_file(script)[:16]} | torch {torch.__version__} | "
+                 f"{self.device}" + (f" x {self.world_size} processes" if self.world_size > 1 else ""))
+        self.log("config " + json.dumps(dataclasses.asdict(cfg)))
+        with rank0_first():  # rank 0 downloads, the others read what it wrote
+            self.senteval = resolve_senteval(cfg.senteval)
+        load_sts(self.senteval, "test")  # parsed now: a malformed test file fails before training
+        self.dev_history, self.stats_history, self.align_uniform = [], [], []
+        self.best_dev, self.best_step, self.best_state = -math.inf, 0, None
+        self.started = self.last_print = time.time()
+        self.first_step = 0  # a resumed run's first step (the pace counts from it)
+
+    def log(self, msg):
+        """Print, and append to out_dir/log.txt (held back until start() opens out_dir). Rank 0."""
+        if self.rank > 0:
+            return
+        print(msg, flush=True)
+        if self.log_lines is not None:
+            return self.log_lines.append(msg)
+        with open(self.out / "log.txt", "a", encoding="utf-8") as f:
+            f.write(msg + "\n")
+
+    def load_model(self, mlm_head=False):
+        with rank0_first():  # a download happens once
+            tok = Tokenizer.from_pretrained(self.cfg.model)
+            model = Bert.from_pretrained(self.cfg.model, mlm_head=mlm_head, dropout=self.cfg.dropout,
+                                         quiet=self.rank > 0)
+        check_model(self.cfg.model, tok, model, self.cfg.max_len)
+        self.tok = tok
+        return tok, model.to(self.device)
+
+    def load_data(self, tok, one_column=False):
+        """The training file, tokenized once ([CLS] and [SEP] in max_len); the STS-B dev set."""
+        with rank0_first():  # rank 0 tokenizes and writes the token cache, the others read it
+            data, seconds, hit = tokenize_file(tok, resolve_data(self.cfg.data), self.cfg.max_len)
+        if one_column and data.cols != 1:
+            raise UserError(f"{self.cfg.data} has {data.cols} columns: {self.method} is unsupervised, "
+                            f"give one sentence a line (supervised SimCSE is simcse_min.py)")
+        self.log(f"data {self.cfg.data}: {len(data)} rows x {data.cols} column(s), "
+                 + ("read from the token cache" if hit else "tokenized") + f" in {seconds:.1f}s")
+        self.dev = DevSet(tok, self.senteval) if self.rank == 0 else None  # rank 0 evaluates
+        self.log("evaluation: STS-B dev Spearman; align/uniform: alignment (dev pairs with gold > 4) "
+                 "and uniformity (distinct dev sentences) of the same [CLS] vectors")
+        return data
+
+    def total_steps(self, n_rows):
+        """Steps of the whole run: full batches per epoch x epochs, or --max_steps if smaller."""
+        self.n_rows, self.per_epoch = n_rows, n_rows // self.cfg.batch_size
+        if self.per_epoch == 0:
+            raise UserError(f"the data has {n_rows} rows, fewer than one batch of "
+                            f"{self.cfg.batch_size}")
+        self.total = self.per_epoch * self.cfg.epochs
+        if self.cfg.max_steps > 0:
+            self.total = min(self.total, self.cfg.max_steps)
+        return self.total
+
+    def compile(self, model):
+        """--compile: torch.compile the encoder in place (Module.compile keeps the parameter names, so
+        states and saves have no `_orig_mod.` prefix). On CUDA, CUDA graphs want static shapes:
+        training batches are then padded to max_len. Evaluation calls model.encode and stays eager."""
+        if self.cfg.compile:
+            self.width = self.cfg.max_len
+            model.compile(mode="reduce-overhead" if self.device.type == "cuda" else None)
+            self.log("compiled the encoder (torch.compile); the first steps include the compilation")
+        return model
+
+    def start(self, saved):
+        """Open out_dir (the log so far goes in), catch Ctrl-C/SIGTERM, and return the first step: 0,
+        or the --resume checkpoint's step, with every object in `saved` as it was then (Part 2)."""
+        open_out_dir(self)
+        catch_signals(self)
+        return restore_checkpoint(self, saved) if self.resumed else 0
+
+    def ddp(self, module):
+        """DistributedDataParallel around a trained module under torchrun; else the module itself."""
+        return wrap_ddp(module, self.device)
+
+    def batches(self, data, tok, start):
+        """ids, mask [B, C, L] for steps start+1 .. total: a fresh shuffle every epoch."""
+        for step in range(start, self.total):
+            epoch, position = divmod(step, self.per_epoch)
+            if position == 0 or step == start:
+                order = epoch_batches(len(data), self.cfg.batch_size, self.cfg.seed, epoch)
+            yield collate(tok, [data[i] for i in order[position]], self.device, self.width)
+
+    def log_progress(self, step, stats):
+        """A progress line about every 10 seconds between evaluations."""
+        if self.rank == 0 and time.time() - self.last_print > 10:
+            self.last_print, rate = time.time(), (step - self.first_step) / (time.time() - self.started)
+            self.log(f"step {step}/{self.total} | loss {float(stats['loss']):.4f}{self.extra(stats)} | "
+                     f"{rate:.2f} steps/s | eta {(self.total - step) / rate / 60:.1f} min")
+
+    @staticmethod
+    def extra(stats):
+        return "".join(f" | {k} {float(v):.4f}" for k, v in stats.items() if k != "loss")
+
+    def evaluate(self, step, model, stats):
+        """STS-B dev Spearman of the raw [CLS] (no head), logged with alignment and uniformity; rank 0
+        evaluates (NaN on the others). `stats` are the last training step's."""
+        if self.rank > 0:
+            return math.nan
+        dev = self.dev.score(unwrap(model))
+        align, uniform = self.dev.align_uniform
+        stats = {k: float(v) for k, v in stats.items()}
+        self.dev_history.append([step, round(dev, 4)])
+        self.align_uniform.append([step, _finite(align), _finite(uniform)])
+        self.stats_history.append([step, stats])
+        best, at = (dev, step) if dev > self.best_dev else (self.best_dev, self.best_step)
+        seconds, steps = time.time() - self.started, step - self.first_step
+        pace = f"{1000 * seconds / steps:.0f} ms/step" if steps else f"start-up {seconds:.1f} s"
+        loss = f"{stats['loss']:.4f}" if "loss" in stats else "-"  # step 0: before any training
+        self.log(f"step {step} | loss {loss}{self.extra(stats)} | stsb_dev {dev:.2f} | align "
+                 f"{align:.4f} uniform {uniform:.4f} | best {best:.2f} @ {at} | {pace}")
+        return dev
+
+    def keep_best(self, step, dev, model):
+        """The best state so far, kept in memory: the test table and the saved model use it."""
+        self.best_dev, self.best_step = dev, step
+        self.best_state = {k: v.detach().clone() for k, v in unwrap(model).state_dict().items()}
+
+    def finish(self, model, tok, stopped=None):
+        """Best state -> 7-task test table (raw [CLS]), the saved model and results.json (which marks
+        the run finished) in out_dir; the checkpoint goes. Rank 0; the other ranks just return."""
+        release_signals(self)
+        if self.rank > 0:
+            return {}
+        model = unwrap(model)
+        if self.best_state is not None:
+            model.load_state_dict(self.best_state)
+        test = evaluate_sts(model, tok, self.senteval, "test", "cls")
+        self.log(format_table(test))
+        model.save_pretrained(self.out, tok)
+        results = {"method": self.method, "config": dataclasses.asdict(self.cfg),
+                   "dev_history": self.dev_history, "stats_history": self.stats_history,
+                   "align_uniform": self.align_uniform, "align_uniform_on": "STS-B dev",
+                   "best_step": self.best_step, "best_dev": round(self.best_dev, 4),
+                   "test": {k: round(v, 4) for k, v in test.items() if k != "details"},
+                   "test_details": test["details"], "train_seconds": round(time.time() - self.started, 1),
+                   **({"stopped": stopped} if stopped else {})}
+        write_json(self.out / "results.json", results)
+        (self.out / "checkpoint.pt").unlink(missing_ok=True)
+        self.log(f"best stsb_dev {self.best_dev:.2f} @ step {self.best_step}; model and results.json "
+                 f"in {self.out}")
+        return results
+
+    def stop_non_finite(self, step, loss, model, tok):
+        """A non-finite loss: write the best model so far and results.json -> the error to raise."""
+        msg = f"the loss became {loss} at step {step}: stopping (try a lower --lr)"
+        self.log(msg)
+        self.finish(model, tok, stopped=msg)
+        return TrainingStopped(f"{msg}; the best model so far (step {self.best_step}) is in {self.out}")
+
+
+def _finite(x, digits=6):
+    return round(x, digits) if math.isfinite(x) else None  # JSON has no NaN
+
+
+# ==================================================================================================
+# Part 2: operations. Safe to skip when learning: files, downloads, input checks, resumable runs and
+# torchrun, which make the project safe and pleasant to run. Part 1 calls them by name.
+# ==================================================================================================
+
+# --- Safetensors, JSON and Hugging Face model folders -----------------------------------------------
+
+SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                      "F64": torch.float64, "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
+
+
+def read_safetensors(path):
+    """Parse a .safetensors file: 8-byte little-endian header size, JSON header, raw tensor bytes.
+    Every size and offset is checked against the file before anything is allocated, so a corrupt or
+    hostile file gives a CheckpointError, never a crash or a huge allocation."""
+    def bad(why):
+        return CheckpointError(f"{path}: not a valid safetensors file: {why}")
+
+    if not Path(path).is_file():
+        raise CheckpointError(f"{path} is missing or not a file")
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise bad(f"{size} bytes, too short to hold the 8-byte header size (truncated?)")
+        n = int.from_bytes(prefix, "little")
+        if n > min(size - 8, MAX_HEADER_BYTES):
+            raise bad(f"the header claims {n} bytes but the file has {size - 8} after the size field "
+                      f"(truncated?)")
+        try:
+            header = json.loads(f.read(n).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            raise bad(f"the header is not valid JSON ({type(e).__name__})") from None
+        data = memoryview(f.read())
+    if not isinstance(header, dict) or not isinstance(header.get("__metadata__", {}), dict):
+        raise bad("the header (or its __metadata__) is not a JSON object")
+    spans = sorted(_tensor_span(name, info, len(data), bad) for name, info in header.items()
+                   if name != "__metadata__")
+    end = 0
+    for start, stop, name in spans:
+        if start != end:
+            raise bad(f"tensor {name[:80]!r} starts at byte {start}, expected {end} (overlap or gap)")
+        end = stop
+    if end != len(data):
+        raise bad(f"the tensors cover {end} of {len(data)} data bytes")
+    tensors = {}
+    for start, stop, name in spans:
+        dtype = SAFETENSORS_DTYPES[header[name]["dtype"]]
+        raw = bytearray(data[start:stop])  # a copy: aligned and writable
+        t = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+        tensors[name] = t.reshape(header[name]["shape"])
+    return tensors
+
+
+def _tensor_span(name, info, n_bytes, bad):
+    """One header entry, checked -> (start, stop, name). Reprs are cut: no megabyte messages."""
+    what = f"tensor {name[:80]!r}"
+    dtype = info.get("dtype") if isinstance(info, dict) else None
+    if not (isinstance(dtype, str) and dtype in SAFETENSORS_DTYPES):
+        raise bad(f"{what}: dtype {repr(dtype)[:20]} is not one of {sorted(SAFETENSORS_DTYPES)}")
+    shape, offsets = info.get("shape"), info.get("data_offsets")
+    if not (isinstance(shape, list) and len(shape) <= 64
+            and all(type(d) is int and 0 <= d < 2**62 for d in shape)):
+        raise bad(f"{what}: bad shape {repr(shape)[:80]}")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+            and 0 <= offsets[0] <= offsets[1] <= n_bytes):
+        raise bad(f"{what}: data offsets {repr(offsets)[:80]} fall outside the {n_bytes} data bytes "
+                  f"(truncated?)")
+    if math.prod(shape) * SAFETENSORS_DTYPES[dtype].itemsize != offsets[1] - offsets[0]:
+        raise bad(f"{what}: shape {shape} does not fit its {offsets[1] - offsets[0]} bytes")
+    return offsets[0], offsets[1], name
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """Write tensors in the safetensors format (header padded to a multiple of 8 bytes), atomically."""
+    names = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+    header, offset = {"__metadata__": {"format": "pt", **(metadata or {})}}, 0
+    tensors = {k: t.detach().contiguous().cpu() for k, t in tensors.items()}
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    with atomic_write(path, "wb") as f:
+        f.write(len(blob).to_bytes(8, "little") + blob)
+        for t in tensors.values():  # reshape: a 0-dim tensor has no byte view
+            f.write(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+
+
+@contextlib.contextmanager
+def atomic_write(path, mode="w"):
+    """Write to a temporary file beside `path`, then rename over it: no reader sees a partial file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path, obj):
+    """Strict JSON (no NaN or Infinity tokens), written atomically."""
+    with atomic_write(path) as f:
+        json.dump(obj, f, indent=2, allow_nan=False)
+
+
+def read_json(path, what):
+    """A JSON file, or a one-line CheckpointError saying what is wrong with it."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{what} ({path}) is missing")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise CheckpointError(f"{what} ({path}) is not valid JSON ({type(e).__name__})") from None
+
+
+def read_vocab(folder):
+    """vocab.txt (token -> line number) and tokenizer_config.json ({} if absent) of a model folder."""
+    if not (folder / "vocab.txt").is_file():
+        raise CheckpointError(f"{folder} has no vocab.txt: not a BERT (WordPiece) model folder")
+    try:
+        text = (folder / "vocab.txt").read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{folder}/vocab.txt is not UTF-8 (byte {e.start})") from None
+    vocab = {line.rstrip("\r"): i for i, line in enumerate(text.removesuffix("\n").split("\n"))}
+    missing = [t for t in SPECIAL_TOKENS if t not in vocab]
+    if missing:
+        raise CheckpointError(f"{folder}/vocab.txt lacks the special tokens {missing}: not a BERT "
+                              f"vocabulary")
+    path = folder / "tokenizer_config.json"
+    config = read_json(path, "tokenizer_config.json") if path.exists() else {}
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path} is not a JSON object")
+    return vocab, config
+
+
+def read_pretrained(folder):
+    """config.json -> BertConfig (checked) and the weights, whose size must match it before the model
+    is allocated (a hostile config.json must not exhaust memory) -> (cfg, tensors, model_type)."""
+    if not (folder / "config.json").exists():
+        raise CheckpointError(f"{folder} has no config.json: not a Hugging Face model folder")
+    hf = read_json(folder / "config.json", "the model's config.json")
+    if not isinstance(hf, dict):
+        raise CheckpointError(f"{folder}: config.json is not a JSON object")
+    cfg, tensors = bert_config_from_hf(hf, folder), read_weights(folder)
+    stored = sum(t.numel() for t in tensors.values())
+    if cfg.n_params() > stored:
+        raise CheckpointError(f"{folder}: config.json describes a model of {cfg.n_params():,} "
+                              f"parameters but the weights file holds {stored:,} numbers: they do "
+                              f"not belong together")
+    return cfg, tensors, hf.get("model_type", "bert")
+
+
+def bert_config_from_hf(hf, folder):
+    """A Hugging Face config.json dict (BERT or DistilBERT) -> BertConfig, or a CheckpointError."""
+    try:
+        if hf.get("model_type") == "distilbert":
+            hf = dict(vocab_size=hf["vocab_size"], hidden_size=hf["dim"], num_hidden_layers=hf["n_layers"],
+                      num_attention_heads=hf["n_heads"], intermediate_size=hf["hidden_dim"],
+                      max_position_embeddings=hf["max_position_embeddings"], type_vocab_size=0,
+                      hidden_dropout_prob=hf["dropout"], attention_probs_dropout_prob=hf[
+                          "attention_dropout"], pad_token_id=hf.get("pad_token_id", 0),
+                      hidden_act=hf.get("activation", "gelu"),
+                      sinusoidal=hf.get("sinusoidal_pos_embds", False))
+    except KeyError as e:
+        raise CheckpointError(f"{folder}: config.json lacks {e}") from None
+    if hf.get("hidden_act", "gelu") != "gelu" or hf.get("sinusoidal") or \
+            hf.get("position_embedding_type", "absolute") != "absolute":
+        raise CheckpointError("only BERT/DistilBERT with GELU and learned absolute positions is "
+                              "supported")
+    cfg = BertConfig(**{f.name: hf[f.name] for f in dataclasses.fields(BertConfig) if f.name in hf})
+    values = dataclasses.asdict(cfg)
+    bad = [k for k, v in values.items() if k.endswith(("_size", "_layers", "_heads", "_embeddings"))
+           and not (type(v) is int and v >= (k != "type_vocab_size"))]  # 0 types: DistilBERT
+    bad += [k for k, v in values.items() if k.endswith("_prob")
+            and not (type(v) in (int, float) and 0 <= v < 1)]
+    if not bad and cfg.hidden_size % cfg.num_attention_heads:
+        bad = ["hidden_size", "num_attention_heads"]  # the heads must split the width evenly
+    if not bad and not (type(cfg.pad_token_id) is int and 0 <= cfg.pad_token_id < cfg.vocab_size):
+        bad = ["pad_token_id"]
+    if bad:
+        raise CheckpointError(f"{folder}: config.json has unusable values: "
+                              + ", ".join(f"{k}={values[k]!r}" for k in bad[:4]))
+    return cfg
+
+
+def read_weights(folder):
+    """Tensors of a model folder: model.safetensors, else pytorch_model.bin (never unpickling code)."""
+    if (folder / "model.safetensors").exists():
+        return read_safetensors(folder / "model.safetensors")
+    if not (folder / "pytorch_model.bin").exists():
+        raise CheckpointError(f"{folder} has neither model.safetensors nor pytorch_model.bin")
+    try:
+        return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    except Exception as e:  # weights_only refuses anything but tensors and plain containers
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{folder}/pytorch_model.bin cannot be loaded safely (weights only): "
+                              f"{first}") from None
+
+
+RENAMES = {  # our module: (Hugging Face BERT's, DistilBERT's); one table, read both ways
+    "query": ("attention.self.query", "attention.q_lin"),
+    "key": ("attention.self.key", "attention.k_lin"),
+    "value": ("attention.self.value", "attention.v_lin"),
+    "attn_out": ("attention.output.dense", "attention.out_lin"),
+    "attn_norm": ("attention.output.LayerNorm", "sa_layer_norm"),
+    "ffn_in": ("intermediate.dense", "ffn.lin1"),
+    "ffn_out": ("output.dense", "ffn.lin2"),
+    "ffn_norm": ("output.LayerNorm", "output_layer_norm"),
+    "mlm.dense": ("cls.predictions.transform.dense", "vocab_transform"),
+    "mlm.norm": ("cls.predictions.transform.LayerNorm", "vocab_layer_norm"),
+    "mlm": ("cls.predictions", "vocab_projector"),  # the MLM bias
+}
+TIED = {"cls.predictions.decoder.weight", "vocab_projector.weight"}  # = the word embeddings
+SKIPPED = {"embeddings.position_ids", "cls.predictions.decoder.bias"}  # a buffer; an alias of the bias
+
+
+def hf_to_ours(key, model_type):
+    """A Hugging Face checkpoint key -> our parameter name, or None if our model has no such tensor."""
+    key = re.sub(r"^(bert|distilbert)\.", "", key)
+    key = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias",
+                                                                  key))  # legacy names [HF #11809]
+    theirs = {names[model_type == "distilbert"]: ours for ours, names in RENAMES.items()}
+    m = re.fullmatch(r"(?:encoder|transformer)\.layer\.(\d+)\.(.+)\.(weight|bias)", key)
+    if m:
+        return f"layers.{m[1]}.{theirs[m[2]]}.{m[3]}" if m[2] in theirs else None
+    module, _, param = key.rpartition(".")
+    if module.startswith("embeddings."):
+        return key  # the embeddings keep their Hugging Face names
+    return f"{theirs[module]}.{param}" if module in theirs and module.startswith(("cls", "vocab")) \
+        else None
+
+
+def ours_to_hf(name):
+    """Our parameter name -> the Hugging Face BertModel / BertForMaskedLM key."""
+    m = re.fullmatch(r"layers\.(\d+)\.(\w+)\.(weight|bias)", name)
+    if m:
+        return f"encoder.layer.{m[1]}.{RENAMES[m[2]][0]}.{m[3]}"
+    module, _, param = name.rpartition(".")
+    return f"{RENAMES[module][0] if module in RENAMES else module}.{param}"
+
+
+def rename_checkpoint(tensors, model_type, model):
+    """Checkpoint tensors -> the model's names; every model tensor must be filled with the right
+    shape. Returns (state_dict, unused checkpoint keys); CheckpointError names what is missing."""
+    expected, state, unused = model.state_dict(), {}, set()
+    for key, t in tensors.items():
+        bare = re.sub(r"^(bert|distilbert)\.", "", key)
+        if bare in TIED:
+            words = next(v for k, v in tensors.items() if k.endswith("embeddings.word_embeddings.weight"))
+            if model.mlm is not None and not torch.equal(t, words):
+                raise CheckpointError(f"{key} is not tied to the word embeddings; this BERT ties them")
+        elif bare not in SKIPPED:
+            ours = hf_to_ours(key, model_type)
+            if ours in expected:
+                state[ours] = t.to(expected[ours].dtype)
+            else:
+                unused.add(key)
+    missing = [k for k in expected if k not in state]
+    if missing:
+        hint = " (the checkpoint has no masked-LM head)" if all(k.startswith("mlm.") for k in missing) \
+            else ""
+        raise CheckpointError(f"checkpoint is missing {len(missing)} tensors{hint}: "
+                              f"{', '.join(missing[:8])}" + (" ..." if len(missing) > 8 else ""))
+    wrong = [f"{k} {tuple(state[k].shape)} != {tuple(expected[k].shape)}" for k in expected
+             if state[k].shape != expected[k].shape]
+    if wrong:
+        raise CheckpointError(f"checkpoint tensors do not match config.json: {'; '.join(wrong[:4])}")
+    return state, unused
+
+
+def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
+    """A Hugging Face-style folder: transformers' BertModel and sentence-transformers (CLS pooling)
+    load it and give our vectors."""
+    folder, cfg, names = Path(folder), model.cfg, ("pad", "unk", "cls", "sep", "mask")
+    (folder / "1_Pooling").mkdir(parents=True, exist_ok=True)
+    prefix = "bert." if model.mlm is not None else ""  # BertForMaskedLM keys with an MLM head
+    write_safetensors(folder / "model.safetensors", {
+        prefix * (not n.startswith("mlm.")) + ours_to_hf(n): t.to(dtype)
+        for n, t in model.state_dict().items()})
+    specials = {f"{n}_token": t for n, t in zip(names, SPECIAL_TOKENS)}
+    files = {
+        "config.json": {"architectures": ["BertForMaskedLM" if model.mlm is not None else "BertModel"],
+                        "model_type": "bert", **dataclasses.asdict(cfg), "hidden_act": "gelu",
+                        "position_embedding_type": "absolute", "initializer_range": 0.02,
+                        "torch_dtype": str(dtype).removeprefix("torch.")},
+        "tokenizer_config.json": {"tokenizer_class": "BertTokenizer", "do_lower_case": tokenizer.lower,
+                                  "strip_accents": None if tokenizer.strip_accents == tokenizer.lower
+                                  else tokenizer.strip_accents,
+                                  "model_max_length": cfg.max_position_embeddings, **specials},
+        "special_tokens_map.json": specials,
+        "modules.json": [{"idx": 0, "name": "0", "path": "",
+                          "type": "sentence_transformers.models.Transformer"},
+                         {"idx": 1, "name": "1", "path": "1_Pooling",
+                          "type": "sentence_transformers.models.Pooling"}],
+        "sentence_bert_config.json": {"max_seq_length": cfg.max_position_embeddings,
+                                      "do_lower_case": False},
+        "1_Pooling/config.json": {"word_embedding_dimension": cfg.hidden_size,
+                                  "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False,
+                                  "pooling_mode_max_tokens": False,
+                                  "pooling_mode_mean_sqrt_len_tokens": False},
+    }
+    for name, content in files.items():
+        write_json(folder / name, content)
+    with atomic_write(folder / "vocab.txt") as f:
+        f.write("".join(token + "\n" for token in tokenizer.vocab))
+
+
+# --- Resolving and downloading models and data ------------------------------------------------------
+
+HF_ENDPOINT = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+CACHE = Path(os.environ.get("SIMCSE_CACHE", Path.home() / ".cache" / "simcse-min"))
+_FILES = ["config.json", "vocab.txt", "tokenizer_config.json", "model.safetensors"]
+KNOWN_MODELS = {  # name -> files to fetch (the weights last: a folder with weights is complete)
+    "bert-base-uncased": _FILES, "bert-large-uncased": _FILES, "distilbert-base-uncased": _FILES,
+    "google/bert_uncased_L-4_H-256_A-4": ["config.json", "vocab.txt", "pytorch_model.bin"],
+    "sentence-transformers/all-MiniLM-L6-v2": _FILES,
+}
+DATASETS = "datasets/princeton-nlp/datasets-for-simcse/resolve/main"
+KNOWN_DATA = {"wiki1m_for_simcse.txt": f"{DATASETS}/wiki1m_for_simcse.txt",
+              "nli_for_simcse.csv": f"{DATASETS}/nli_for_simcse.csv",
+              "senteval.tar": f"{DATASETS}/senteval.tar"}
+DATA_ALIASES = {"wiki1m.txt": "wiki1m_for_simcse.txt"}  # the name the papers' READMEs use
+
+
+def hub_snapshot(name):
+    """A complete snapshot of `name` in the Hugging Face cache, or None."""
+    hub = Path(os.environ.get("HF_HUB_CACHE", Path.home() / ".cache" / "huggingface" / "hub"))
+    for snapshot in sorted(hub.glob(f"models--{str(name).replace('/', '--')}/snapshots/*")):
+        if (snapshot / "config.json").exists() and (snapshot / "vocab.txt").exists():
+            return snapshot
+    return None
+
+
+def resolve_model(name_or_dir, flag="--model"):
+    """A local folder, else the Hugging Face cache, else our cache, else a download of a known name."""
+    path = Path(name_or_dir).expanduser()
+    if path.is_dir():
+        return path
+    ours, files = CACHE / "models" / str(name_or_dir), KNOWN_MODELS.get(str(name_or_dir))
+    found = hub_snapshot(name_or_dir) or (ours if files and all((ours / f).exists() for f in files)
+                                          else None)
+    if found:
+        return found
+    if files is None:
+        raise UserError(f"{flag} {name_or_dir!r} is neither a folder nor a known name "
+                        f"({', '.join(KNOWN_MODELS)}); pass the path of a Hugging Face model folder")
+    for f in files:
+        download(f"{HF_ENDPOINT}/{name_or_dir}/resolve/main/{f}", ours / f, flag=flag)
+    return ours
+
+
+def download(url, dest, expected_sha256=None, flag="the path"):
+    """Fetch url to dest with a progress line, resuming a partial download, checking size and SHA-256
+    (`expected_sha256` or, for Hugging Face's large files, the ETag). A failed first download leaves
+    no empty folder behind; a cut one keeps its .part file for the next try."""
+    dest = Path(dest)
+    created = [p for p in (dest.parent, *dest.parent.parents) if not p.exists()]  # deepest first
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return _fetch(url, dest, dest.with_name(dest.name + ".part"), expected_sha256, flag)
+    except BaseException:
+        for p in created:
+            with contextlib.suppress(OSError):
+                p.rmdir()  # only if empty
+        raise
+
+
+def _fetch(url, dest, part, expected_sha256, flag):
+    have = part.stat().st_size if part.exists() else 0
+    request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+    try:
+        response = urllib.request.urlopen(request, timeout=60)
+    except urllib.error.HTTPError as e:
+        if e.code != 416:  # 416: nothing left to fetch, the part file is complete
+            raise UserError(f"download of {url} failed: HTTP {e.code} {e.reason}") from None
+        response = None
+    except (urllib.error.URLError, OSError) as e:
+        raise UserError(f"cannot download {url} ({getattr(e, 'reason', e)}): you seem to be offline; "
+                        f"fetch the file on a machine with internet and pass its local path with "
+                        f"{flag}") from None
+    if response is not None:
+        with response:
+            have = have if response.status == 206 else 0  # the server ignored the range: start over
+            total = have + int(response.headers.get("Content-Length", 0))
+            etag = (response.headers.get("X-Linked-Etag") or response.headers.get("ETag") or "")
+            etag = etag.strip('"W/')
+            expected_sha256 = expected_sha256 or (etag if re.fullmatch(r"[0-9a-f]{64}", etag) else None)
+            done = _copy_with_progress(response, part, have, total, url, dest.name)
+        if total and done != total:
+            raise UserError(f"download of {url} was cut at {done} of {total} bytes; run the same "
+                            f"command again to resume")
+    if expected_sha256 and sha256_file(part) != expected_sha256:
+        part.unlink()
+        raise UserError(f"download of {url} is corrupt (SHA-256 mismatch); it was deleted, run again to "
+                        f"re-fetch")
+    os.replace(part, dest)
+    return dest
+
+
+def _copy_with_progress(response, part, have, total, url, name):
+    with open(part, "ab" if have else "wb") as f:
+        done, shown = have, 0.0
+        try:
+            while chunk := response.read(1 << 20):
+                f.write(chunk)
+                done += len(chunk)
+                if time.time() - shown > 1 or done == total:
+                    shown = time.time()
+                    print(f"\r{name}: {done / 1e6:.1f} / {total / 1e6:.1f} MB", end="", file=sys.stderr)
+        except (OSError, http.client.HTTPException) as e:  # reset or timed out: keep the part
+            print(file=sys.stderr)
+            raise UserError(f"download of {url} was cut at {done} of {total} bytes "
+                            f"({type(e).__name__}); run the same command again to resume") from None
+    print(file=sys.stderr)
+    return part.stat().st_size
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def resolve_data(path):
+    """A local file, else a known SimCSE file (wiki1m.txt: wiki1m_for_simcse.txt) fetched once."""
+    p = Path(path).expanduser()
+    name = DATA_ALIASES.get(p.name, p.name)
+    if p.exists() or name not in KNOWN_DATA or p.parent != Path("."):
+        return p
+    cached = CACHE / "data" / name
+    print(f"note: no {path} here: using SimCSE's {name} from {cached.parent}"
+          + ("" if cached.exists() else " (downloading it once)"), file=sys.stderr)
+    return cached if cached.exists() else download(f"{HF_ENDPOINT}/{KNOWN_DATA[name]}", cached,
+                                                   flag="--data")
+
+
+def download_senteval(dest=None):
+    """Fetch SimCSE's senteval.tar and unpack its STS/SICK files: dest/downstream/{STS,SICK}."""
+    dest = dest or CACHE / "senteval"
+    tar_path = download(f"{HF_ENDPOINT}/{KNOWN_DATA['senteval.tar']}", CACHE / "data" / "senteval.tar",
+                        flag="--senteval")
+    with tarfile.open(tar_path) as tar:
+        members = [m for m in tar.getmembers()
+                   if re.search(r"downstream/(STS|SICK)/", m.name) and m.isfile()]
+        tmp = Path(tempfile.mkdtemp(dir=CACHE))
+        tar.extractall(tmp, members=members, filter="data")
+    found = next(tmp.rglob("downstream"))
+    shutil.rmtree(dest / "downstream", ignore_errors=True)
+    dest.mkdir(parents=True, exist_ok=True)
+    os.replace(found, dest / "downstream")
+    shutil.rmtree(tmp)
+    return dest / "downstream"
+
+
+def senteval_root(path):
+    """The SentEval 'downstream' folder a --senteval path names (the folder or its downstream/)."""
+    p = Path(path).expanduser()
+    return p / "downstream" if (p / "downstream").is_dir() else p
+
+
+def resolve_senteval(path, mode="test"):
+    """The given SentEval folder, else ./SentEval/data/downstream or our cache, else a download."""
+    roots = [senteval_root(path)] if path else [Path("SentEval/data/downstream"),
+                                               CACHE / "senteval" / "downstream"]
+    for root in roots:
+        if path or root.is_dir():
+            check_senteval(root, mode)
+            return root
+    print("no SentEval data given (--senteval): downloading SimCSE's senteval.tar once",
+          file=sys.stderr)
+    return download_senteval()
+
+
+def check_senteval(root, mode="test"):
+    """A missing or incomplete SentEval folder -> one line saying what is missing and how to get it."""
+    fix = ("get it with `python common.py download senteval` and pass --senteval "
+           "~/.cache/simcse-min/senteval")
+    if not Path(root).is_dir():
+        raise UserError(f"SentEval folder {root} does not exist; {fix}")
+    missing = [f for f in sts_files(mode) if not (Path(root) / f).is_file()]
+    if missing:
+        raise UserError(f"SentEval folder {root} is incomplete: missing {', '.join(missing[:4])}"
+                        + (f" and {len(missing) - 4} more" if len(missing) > 4 else "") + f"; {fix}")
+
+
+@contextlib.contextmanager
+def malformed_file(path):
+    """A cut or edited SentEval file (a short row, a score that is not a number) -> one line."""
+    try:
+        yield
+    except (IndexError, ValueError) as e:
+        raise UserError(f"SentEval file {path} is malformed ({type(e).__name__}: {str(e)[:80]}); "
+                        f"get a fresh copy with `python common.py download senteval`") from None
+
+
+# --- Input checks and one-line errors ---------------------------------------------------------------
+
+class RunFinished(Exception):
+    """--resume of a run that already finished: said in one line, exit status 0, nothing done."""
+
+
+class TrainingStopped(UserError):
+    """The run stopped on its own (a non-finite loss) after writing the best model so far: exit 3."""
+    exit_code = 3
+
+
+class OneLineErrors(argparse.ArgumentParser):
+    """A bad flag is one line on stderr (not the whole usage), exit status 2, like every bad input."""
+
+    def error(self, message):
+        print(f"error: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_bool(s):
+    if s is True or s.lower() in ("1", "true", "yes"):
+        return True
+    if s.lower() in ("0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected 1/0/true/false, got {s!r}")
+
+
+def resolve_device(name):
+    """'auto' -> cuda, mps or cpu; a device asked for but absent is an error, never a fallback."""
+    mps = getattr(torch.backends, "mps", None)
+    available = {"cpu": True, "cuda": torch.cuda.is_available(),
+                 "mps": mps is not None and mps.is_available()}
+    if name == "auto":
+        name = "cuda" if available["cuda"] else "mps" if available["mps"] else "cpu"
+    if name not in available:
+        raise UserError(f"--device {name!r}: choose auto, cpu, cuda or mps")
+    if not available[name]:
+        raise UserError(f"--device {name} was asked for but PyTorch sees no {name.upper()} device here "
+                        f"(torch {torch.__version__}); use --device cpu or install a {name} build")
+    if name == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # fp32 matmuls
+    return torch.device(name)
+
+
+SHARED_CHECKS = {  # flag -> (test, what it must be); a method's own flags: its Config.checks
+    "seed": (lambda v: 0 <= v < 2**32, "in [0, 2^32) (numpy's seed range)"),
+    "batch_size": (lambda v: v >= 2, "at least 2 (a batch of one has no negatives)"),
+    "max_len": (lambda v: v >= 3, "at least 3 ([CLS], one token, [SEP])"),
+    "lr": (lambda v: 0 < v < 1, "in (0, 1)"),
+    "epochs": (lambda v: v >= 1, "at least 1"),
+    "max_steps": (lambda v: v >= 0, "0 (all epochs) or more"),
+    "temp": (lambda v: v > 0, "above 0"),
+    "eval_every": (lambda v: v >= 1, "at least 1"),
+    "dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "save_every": (lambda v: v >= 0, "0 (only on a signal) or more"),
+}
+
+
+def check_inputs(cfg, models, world_size=1):
+    """Every flag, input path and out_dir checked before any work starts; all problems at once, in
+    one UserError line. `models` names the fields that hold model folders (DiffCSE: + generator)."""
+    problems = []
+    for name, (ok, what) in {**SHARED_CHECKS, **getattr(cfg, "checks", {})}.items():
+        value = getattr(cfg, name)
+        if not (math.isfinite(value) and ok(value)):
+            problems.append(f"--{name} {value}: must be {what}")
+    if cfg.batch_size % world_size:
+        problems.append(f"--batch_size {cfg.batch_size} is the global batch and must split evenly "
+                        f"over {world_size} processes")
+    problems += data_problems(cfg.data) + [p for f in models for p in model_problems(getattr(cfg, f), f)]
+    if cfg.senteval:
+        try:
+            check_senteval(senteval_root(cfg.senteval))
+        except UserError as e:
+            problems.append(str(e))
+    problems += [] if cfg.resume else out_dir_problems(Path(cfg.out_dir), cfg.overwrite)
+    if problems:
+        raise UserError("; ".join(problems))
+
+
+def data_problems(path):
+    p = Path(path).expanduser()
+    if p.is_dir():
+        return [f"data file {p} is a directory; pass a text file with one sentence per line"]
+    known = DATA_ALIASES.get(p.name, p.name) in KNOWN_DATA and p.parent == Path(".")
+    return [] if p.exists() or known else [f"data file {p} does not exist"]
+
+
+def model_problems(name, flag):
+    folder = Path(name).expanduser()
+    if not folder.is_dir():
+        known = str(name) in KNOWN_MODELS or hub_snapshot(name)
+        return [] if known else [f"{flag} {name!r} is neither a folder nor a known name "
+                                 f"({', '.join(KNOWN_MODELS)})"]
+    if not (folder / "config.json").is_file():
+        return [f"{flag} {folder} has no config.json: not a Hugging Face model folder"]
+    if not (folder / "vocab.txt").is_file():
+        return [f"{flag} {folder} has no vocab.txt: not a BERT (WordPiece) model folder"]
+    if not any((folder / w).is_file() for w in ("model.safetensors", "pytorch_model.bin")):
+        return [f"{flag} {folder} has neither model.safetensors nor pytorch_model.bin"]
+    return []
+
+
+def out_dir_problems(out, overwrite):
+    """A file, another run (unless --overwrite), or a folder that cannot be created or written."""
+    if out.exists() and not out.is_dir():
+        return [f"--out_dir {out} is a file, not a folder"]
+    found = [n for n in ("results.json", "checkpoint.pt", "model.safetensors") if (out / n).exists()]
+    if found and not overwrite:
+        resume = f"--resume {out} to continue it, " if found == ["checkpoint.pt"] else ""
+        return [f"--out_dir {out} already holds a run ({', '.join(found)}); pass {resume}"
+                f"--overwrite to replace it, or another --out_dir"]
+    parent = next(p for p in (out, *out.absolute().parents) if p.exists())
+    return [] if os.access(parent, os.W_OK) else [f"--out_dir {out}: {parent} is not writable"]
+
+
+def check_model(folder, tok, model, max_len):
+    """A folder whose parts disagree: more tokens than embedding rows, or positions < max_len."""
+    rows = model.embeddings.word_embeddings.num_embeddings
+    if len(tok.vocab) > rows:
+        raise CheckpointError(f"{folder}: vocab.txt has {len(tok.vocab)} tokens but the word "
+                              f"embeddings have {rows} rows (config.json vocab_size): the folder "
+                              f"mixes two models")
+    if max_len > model.cfg.max_position_embeddings:
+        raise UserError(f"--max_len {max_len} exceeds the model's {model.cfg.max_position_embeddings}"
+                        f" positions")
+
+
+def read_lines(path):
+    """Non-blank lines of a UTF-8 text file, stripped; a one-line error for anything unusable."""
+    path = Path(path)
+    problems = data_problems(path)
+    if problems:
+        raise UserError(problems[0])
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise UserError(f"{path} is not UTF-8 (line {line}, byte {e.start}); convert it, e.g. "
+                        f"iconv -t UTF-8") from None
+    lines = [s for s in (line.strip() for line in text.splitlines()) if s]
+    if not lines:
+        raise UserError(f"data file {path} holds no sentences")
+    return lines
+
+
+MAX_SENTENCE_CHARS = 10_000  # [impl] longer sentences are cut: 512 tokens of text fit ~10x over, and a
+# stray megabyte-long line (a file without newlines) would take minutes; training keeps max_len anyway
+
+
+def read_training_data(path):
+    """Sentences (one a line), or CSV rows (sentence, positive[, hard negative]) for supervised SimCSE:
+    a list of 1-3 tuples of strings, each cut to MAX_SENTENCE_CHARS (said once, not an error)."""
+    import csv
+    lines = read_lines(path)
+    rows = [(s,) for s in lines]
+    if Path(path).suffix == ".csv":
+        rows = [tuple(r) for r in csv.reader(lines)]
+        if rows and [c.lower() for c in rows[0]][:2] in (["sent0", "sent1"], ["sentence", "positive"]):
+            rows = rows[1:]  # a header line [official nli_for_simcse.csv: sent0,sent1,hard_neg]
+        if not rows or {len(r) for r in rows} not in ({2}, {3}):
+            raise UserError(f"{path}: a supervised CSV needs 2 or 3 columns on every row "
+                            f"(sentence, positive[, hard negative])")
+    cut = sum(len(s) > MAX_SENTENCE_CHARS for r in rows for s in r)
+    if cut:
+        print(f"note: {cut} sentence(s) in {path} longer than {MAX_SENTENCE_CHARS:,} characters were "
+              f"cut to that length", file=sys.stderr)
+        rows = [tuple(s[:MAX_SENTENCE_CHARS] for s in r) for r in rows]
+    return rows
+
+
+def main_guard(fn, *args):
+    """Run a command-line entry point: a UserError becomes one line on stderr and exit status 2.
+    Under torchrun the process group ends after a normal return (on an error torchrun stops all)."""
+    try:
+        result = fn(*args)
+        leave_distributed()
+        return result
+    except RunFinished as e:
+        if int(os.environ.get("RANK", "0")) == 0:  # every rank finds it finished
+            print(e, file=sys.stderr)
+        leave_distributed()
+        sys.exit(0)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(getattr(e, "exit_code", 2))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+# --- Corpus tokenization speed-ups: all cores, a flat int32 array, a cache on disk -------------------
+
+def _encode_chunk(args):
+    tok, texts, max_len = args
+    return [tok.encode(t, max_len) for t in texts]
+
+
+def tokenize_corpus(tok, texts, max_len=None, workers=None, min_parallel=20_000):
+    """Tokenize many sentences, in `workers` processes (all cores by default) when there are at least
+    `min_parallel` of them: below that, starting the processes costs more than it saves."""
+    workers = workers or os.cpu_count() or 1
+    if workers == 1 or len(texts) < min_parallel:
+        return [tok.encode(t, max_len) for t in texts]
+    size = math.ceil(len(texts) / (4 * workers))
+    chunks = [(tok, texts[i:i + size], max_len) for i in range(0, len(texts), size)]
+    with multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn").Pool(workers) as p:
+        return [ids for part in p.map(_encode_chunk, chunks) for ids in part]
+
+
+class TokenizedRows:
+    """Rows of C tokenized columns in one flat int32 array with offsets: 1M sentences are ~130 MB
+    here, not the ~1 GB of Python lists. rows[i] -> tuple of C id lists."""
+
+    def __init__(self, flat, offsets, cols):
+        self.flat, self.offsets, self.cols = flat, offsets, cols  # [T] int32, [N*C + 1] int64
+
+    @classmethod
+    def from_lists(cls, id_lists, cols):
+        lengths = np.fromiter((len(x) for x in id_lists), dtype=np.int64, count=len(id_lists))
+        flat = np.fromiter((t for x in id_lists for t in x), dtype=np.int32, count=int(lengths.sum()))
+        return cls(flat, np.concatenate([[0], np.cumsum(lengths)]), cols)
+
+    def __len__(self):
+        return (len(self.offsets) - 1) // self.cols
+
+    def __getitem__(self, i):
+        o, c = self.offsets, self.cols
+        return tuple(self.flat[o[i * c + j]:o[i * c + j + 1]].tolist() for j in range(c))
+
+
+def tokenize_file(tok, path, max_len):
+    """Read and tokenize a training file once (all CPU cores), cached on disk by file content,
+    vocabulary and max_len, so later runs start at once -> (TokenizedRows, seconds, cache hit?)."""
+    start, path = time.time(), Path(path)
+    if not path.is_file():
+        read_lines(path)  # the one-line error for a missing file or a directory
+    key = f"{sha256_file(path)} {path.suffix} {tok.vocab_digest()} {max_len}"
+    cached = CACHE / "tokens" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz"
+    if cached.exists():
+        with np.load(cached) as z:
+            return TokenizedRows(z["flat"], z["offsets"], int(z["cols"])), time.time() - start, True
+    rows = read_training_data(path)
+    ids = tokenize_corpus(tok, [s for r in rows for s in r], max_len)
+    data = TokenizedRows.from_lists(ids, len(rows[0]))
+    with contextlib.suppress(OSError):  # a read-only cache only costs the next run the tokenization
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_write(cached, "wb") as f:
+            np.savez(f, flat=data.flat, offsets=data.offsets, cols=data.cols)
+    return data, time.time() - start, False
+
+
+# --- Resumable runs: out_dir, checkpoint.pt, Ctrl-C and SIGTERM --------------------------------------
+#
+# out_dir/checkpoint.pt is one state dict: step, config, the objects train() names in `saved` (model,
+# heads, optimizer, scheduler, a method's own state such as ESimCSE's queue), the best state, the
+# histories and every RNG state as tensors. torch.save to a temporary file renamed over the last: a
+# crash at any moment leaves the previous checkpoint whole. Read back with weights_only=True.
+
+def open_out_dir(run):
+    """Create out_dir and write the log so far (before this, a bad input leaves no file). Rank 0."""
+    lines, run.log_lines = run.log_lines, None
+    if run.rank > 0:
+        return
+    run.out.mkdir(parents=True, exist_ok=True)
+    if run.cfg.overwrite:
+        for name in ("checkpoint.pt", "results.json"):
+            (run.out / name).unlink(missing_ok=True)
+    with open(run.out / "log.txt", "a" if run.resumed else "w", encoding="utf-8") as f:
+        f.write("".join(m + "\n" for m in lines))
+
+
+def read_resumed_run(cfg, method):
+    """--resume DIR -> DIR/checkpoint.pt, its configuration copied into cfg (a flag given now that
+    contradicts it is an error); None without --resume. RunFinished if DIR's run has finished."""
+    if not cfg.resume:
+        return None
+    if cfg.overwrite:
+        raise UserError("--resume continues a run and --overwrite replaces one: pass only one of them")
+    out = Path(cfg.resume).expanduser()
+    out = out.parent if out.name == "checkpoint.pt" else out
+    if not out.is_dir():
+        raise UserError(f"--resume {cfg.resume}: no such folder")
+    if (out / "results.json").exists():
+        raise RunFinished(f"the run in {out} has finished (results.json is there): nothing to do")
+    ckpt = load_checkpoint(out / "checkpoint.pt")
+    if ckpt.get("method") != method:
+        raise UserError(f"--resume {cfg.resume} holds a {ckpt.get('method')} run, not {method}")
+    for f in dataclasses.fields(cfg):  # device, SentEval folder and save_every may change
+        given, saved = getattr(cfg, f.name), ckpt["config"].get(f.name, f.default)
+        if f.name in ("resume", "overwrite", "out_dir") or (
+                f.name in ("device", "senteval", "save_every") and given != f.default):
+            continue
+        if given != f.default and given != saved:
+            raise UserError(f"--{f.name} {given} contradicts the resumed run's {saved}: a resumed run "
+                            f"keeps its configuration (leave the flag out)")
+        setattr(cfg, f.name, saved)
+    cfg.out_dir = str(out)
+    return ckpt
+
+
+def load_checkpoint(path):
+    """checkpoint.pt as saved by save_checkpoint; never runs pickled code (weights_only)."""
+    if not path.is_file():
+        raise CheckpointError(f"--resume: there is no checkpoint {path}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated, corrupt, or holding anything but tensors and plain data
+        raise CheckpointError(f"{path} cannot be read as a checkpoint ({type(e).__name__})") from None
+    if not (isinstance(ckpt, dict) and ckpt.get("format") == 2 and isinstance(ckpt.get("config"), dict)):
+        raise CheckpointError(f"{path} is not a checkpoint of this program")
+    return ckpt
+
+
+def state_of(obj):
+    """A live training object -> its state, as tensors, numbers and plain containers."""
+    if hasattr(obj, "state_dict"):
+        return obj.state_dict()  # modules, optimizers, schedulers
+    if isinstance(obj, torch.Generator):
+        return obj.get_state()
+    if isinstance(obj, random.Random):
+        return obj.getstate()
+    return list(obj)  # a deque of tensors (ESimCSE's queue)
+
+
+def restore_state(obj, state, device):
+    if hasattr(obj, "load_state_dict"):
+        obj.load_state_dict(state)
+    elif isinstance(obj, torch.Generator):
+        obj.set_state(state)
+    elif isinstance(obj, random.Random):
+        obj.setstate(state)
+    else:
+        obj.clear()
+        obj.extend(t.to(device) for t in state)
+
+
+def rng_states():
+    """Python's, numpy's, torch's and every CUDA device's generator state, held as tensors."""
+    version, mt, gauss = random.getstate()
+    kind, key, pos, has_gauss, cached = np.random.get_state()
+    return {"python": [version, torch.tensor(mt), gauss],
+            "numpy": [kind, torch.from_numpy(key.astype(np.int64)), pos, has_gauss, cached],
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def set_rng_states(states):
+    version, mt, gauss = states["python"]
+    random.setstate((version, tuple(mt.tolist()), gauss))
+    kind, key, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, key.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def save_checkpoint(run, step, saved):
+    """out_dir/checkpoint.pt: everything to continue after `step` as if never stopped (rank 0 writes;
+    the other ranks hold the same state)."""
+    if run.rank > 0:
+        return
+    state = {"format": 2, "method": run.method, "step": step, "total": run.total, "rows": run.n_rows,
+             "config": dataclasses.asdict(run.cfg), "rng": rng_states(),
+             "objects": {k: state_of(v) for k, v in saved.items() if v is not None},
+             "best": [run.best_dev, run.best_step, run.best_state],
+             "histories": [run.dev_history, run.stats_history, run.align_uniform]}
+    with atomic_write(run.out / "checkpoint.pt", "wb") as f:
+        torch.save(state, f)
+    run.log(f"step {step} | checkpoint saved in {run.out / 'checkpoint.pt'}")
+
+
+def restore_checkpoint(run, saved):
+    """Every object in `saved`, the best state, the histories and the RNGs back as they were after the
+    checkpoint's step: the continued run is the uninterrupted one -> that step."""
+    ckpt, path = run.resumed, run.out / "checkpoint.pt"
+    if (ckpt.get("rows"), ckpt.get("total")) != (run.n_rows, run.total):
+        raise UserError(f"--resume {run.out}: the data has {run.n_rows} rows / {run.total} steps now "
+                        f"but {ckpt.get('rows')} / {ckpt.get('total')} when the checkpoint was written")
+    try:
+        for name, obj in saved.items():
+            if obj is not None:
+                restore_state(obj, ckpt["objects"][name], run.device)
+        run.best_dev, run.best_step, best = ckpt["best"]
+        run.best_state = best and {k: v.to(run.device) for k, v in best.items()}
+        run.dev_history, run.stats_history, run.align_uniform = ckpt["histories"]
+        set_rng_states(ckpt["rng"])  # last: nothing after this draws
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{path} does not fit this run ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
+    if run.rank > 0:  # the checkpoint holds rank 0's RNG states: the others draw their own masks
+        torch.manual_seed(run.cfg.seed + run.rank + 1000 * ckpt["step"])
+    run.first_step = ckpt["step"]
+    run.log(f"resumed from {path} at step {ckpt['step']}/{run.total} (best {run.best_dev:.2f} @ "
+            f"{run.best_step})")
+    return ckpt["step"]
+
+
+def catch_signals(run):
+    """Ctrl-C / SIGTERM set run.signal: the loop saves a checkpoint at the next step boundary and exits
+    128 + signal (exit_on_signal). A second one stops at once."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # handlers can only be set in the main thread
+
+    def handler(signum, frame):
+        if run.signal:
+            raise KeyboardInterrupt
+        run.signal = signum
+        print(f"\n{signal.Signals(signum).name}: saving a checkpoint after this step (again to stop "
+              f"now)", file=sys.stderr, flush=True)
+    run.old_handlers = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+
+
+def release_signals(run):
+    for s, h in getattr(run, "old_handlers", {}).items():
+        signal.signal(s, h)
+    run.old_handlers = {}
+
+
+def signal_received(run):
+    """The Ctrl-C/SIGTERM caught so far (0: none); under torchrun every rank stops at the same step,
+    whichever of them the signal reached first."""
+    if run.world_size > 1:
+        flag = torch.tensor([run.signal], device=run.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        run.signal = int(flag)
+    return run.signal
+
+
+def exit_on_signal(run, step):
+    """Say how to continue, then exit with status 128 + signal (the checkpoint of `step` is saved)."""
+    release_signals(run)
+    run.log(f"{signal.Signals(run.signal).name} at step {step}: " + (
+        f"checkpoint saved; continue with --resume {run.out}" if step else "stopped before training"))
+    sys.exit(128 + run.signal)
+
+
+# --- torchrun: process group, DistributedDataParallel (shard and all_gather are in Part 1) -----------
+
+def init_distributed(device):
+    """Join torchrun's process group (it sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) -> this
+    rank's device: NCCL and cuda:LOCAL_RANK on CUDA, gloo on the CPU. Without torchrun: nothing."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return device
+    if device.type == "mps":
+        raise UserError("several processes need --device cuda (NCCL) or --device cpu (gloo), not mps")
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return device
+
+
+def wrap_ddp(module, device):
+    """DistributedDataParallel around a trained module under torchrun (gradients averaged over ranks
+    after backward); the module itself in one process."""
+    if world()[1] == 1:
+        return module
+    ids = [device.index] if device.type == "cuda" else None
+    return nn.parallel.DistributedDataParallel(module, device_ids=ids)
+
+
+def unwrap(module):
+    """The module inside DistributedDataParallel (evaluation, state dicts, saving); else the module."""
+    return module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
+
+
+def leave_distributed():
+    """End the process group once the trainer has returned. Its DDP wrappers sit in reference cycles
+    and hold the group: collected first, so the gloo threads stop now and not during interpreter
+    shutdown, where they can abort the process (SIGABRT, seen once in CI) [pytorch/pytorch#179291]."""
+    if dist.is_initialized():
+        gc.collect()
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def rank0_first():
+    """Rank 0 runs the block first (downloads, cache writes), the others after it, reading what it
+    wrote. Rank 0 releases them even when it fails, so they fail on the same problem, not hang."""
+    rank, size = world()
+    if rank > 0:
+        dist.barrier()
+    try:
+        yield
+    finally:
+        if rank == 0 and size > 1:
+            dist.barrier()
+
+
+# ======== Part 3 (temporary) ========
+
 SCORE_GROUPS = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]  # the 5 gold-score groups of [SimCSE App. G]; edges ours
-
-
-def alignment(x, y):  # x, y [N, H] positive pairs -> E ||x - y||^2 of the L2-normalised vectors (lower is better)
-    x, y = F.normalize(x.double(), dim=-1), F.normalize(y.double(), dim=-1)
-    return (x - y).pow(2).sum(-1).mean().item()  # [Wang & Isola 2020, Eq. 2]; NaN when there is no pair
-
-
-def uniformity(x):  # x [N, H] -> log E exp(-2 ||x_i - x_j||^2) over distinct pairs i < j (lower is better)
-    x = F.normalize(x.double(), dim=-1)
-    return torch.pdist(x).pow(2).mul(-2).exp().mean().log().item()  # pdist: i < j only [Wang & Isola's code]
-
-
-def align_uniform(a, b, gold, distinct):  # a, b [N, H] pair vectors, gold [N], distinct [M, H] -> (align, uniform)
-    positive = torch.as_tensor(np.asarray(gold) > POSITIVE_GOLD)  # [N] bool
-    return alignment(a[positive], b[positive]), uniformity(distinct)
-
-
-def distinct_indices(sentences):
-    """Index of the first occurrence of each distinct sentence: uniformity counts a repeated sentence once."""
-    first = {}
-    for i, s in enumerate(sentences):
-        first.setdefault(s, i)
-    return sorted(first.values())
-
-
 def singular_values(x):  # x [N, H] -> [min(N, H)], descending, the largest = 1 [SimCSE App. F]
     """Singular values of the matrix of L2-normalised rows (not mean-centred: the shared direction of an
     anisotropic space is what the spectrum should show), divided by the largest."""
@@ -1332,682 +2066,6 @@ def plot_similarity_by_score(models, path):
     ax.legend([(m["name"], m["color"], "box") for m in models], 545, 52,
               ["box: quartiles; line: median; dot: mean;", "whiskers: 5th to 95th percentile"])
     svg.save(path)
-
-
-# --- Multi-GPU: torchrun, DistributedDataParallel, one global batch split across processes ----------------------
-#
-# `torchrun --nproc_per_node N X_min.py ...` starts N processes (ranks). --batch_size stays the global batch: every
-# rank reads the same batch, encodes its share (shard), and the losses see the whole batch (all_gather), so the
-# negatives, queue and BatchNorm statistics are those of one process with the whole batch. One process: no process
-# group, shard and all_gather return their input, and nothing else changes.
-
-def init_distributed(device):
-    """Join torchrun's process group (it sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) -> this rank's
-    device: NCCL and cuda:LOCAL_RANK on CUDA, gloo on the CPU. Not under torchrun (WORLD_SIZE unset or 1): nothing."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
-        return device
-    if device.type == "mps":
-        raise UserError("several processes need --device cuda (NCCL) or --device cpu (gloo), not mps")
-    if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return device
-
-
-def world():
-    """(rank, number of processes); (0, 1) without a process group."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def shard(x, views=1):
-    """This rank's rows of a global batch. x [views*B, ...] holds `views` blocks of B rows, view-major (as make_views
-    stacks them) -> [views*b, ...], b = B/N: rank r takes rows r*b..(r+1)*b of every block. One process: x."""
-    rank, size = world()
-    blocks = x.unflatten(0, (views, -1))  # [views, B, ...]
-    b = blocks.size(1) // size
-    return blocks[:, rank * b:(rank + 1) * b].flatten(0, 1)
-
-
-class _AllGather(torch.autograd.Function):
-    """[views, b, ...] on each rank -> [views, N*b, ...], rank order, on every rank; differentiable.
-
-    Backward: every rank's loss is the whole-batch loss L, and its rows reach L only through this gather, so rank r's
-    true gradient is dL/d(its rows), a slice of the gathered gradient. The slices are summed over ranks before slicing:
-    DistributedDataParallel then averages parameter gradients over the N ranks, and the sum (N times the slice when
-    all ranks compute the same L) cancels that average, so one step equals one process's step on the whole batch.
-    [impl] tests/test_ddp.py checks this against one process; without the sum the step moves 1/N as far."""
-
-    @staticmethod
-    def forward(ctx, x):
-        parts = [torch.empty_like(x) for _ in range(world()[1])]
-        dist.all_gather(parts, x.contiguous())
-        return torch.cat(parts, dim=1)
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.contiguous().clone()  # all_reduce works in place; the incoming buffer is autograd's
-        dist.all_reduce(grad)  # sum over ranks
-        rank, size = world()
-        b = grad.size(1) // size
-        return grad[:, rank * b:(rank + 1) * b]
-
-
-def all_gather(x, views=1):
-    """The inverse of shard, with gradient: this rank's [views*b, ...] -> the global [views*B, ...] on every rank."""
-    if world()[1] == 1:
-        return x
-    return _AllGather.apply(x.unflatten(0, (views, -1))).flatten(0, 1)
-
-
-def wrap_ddp(module, device):
-    """DistributedDataParallel around a trained module under torchrun (gradients averaged over ranks after backward);
-    the module itself in one process."""
-    if world()[1] == 1:
-        return module
-    return nn.parallel.DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None)
-
-
-def unwrap(module):
-    """The module inside DistributedDataParallel (for evaluation, state dicts and saving); else the module."""
-    return module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
-
-
-def leave_distributed():
-    """End the process group once the trainer has returned. Its DDP wrappers sit in reference cycles and hold the
-    group: collected first, so the gloo worker threads stop now and not during interpreter shutdown, where they
-    can abort the process (SIGABRT: seen once in a CI run here) [pytorch/pytorch#179291]."""
-    if dist.is_initialized():
-        gc.collect()
-        dist.destroy_process_group()
-
-
-@contextlib.contextmanager
-def rank0_first():
-    """Rank 0 runs the block first (downloads, cache writes), the other ranks after it, reading what it wrote.
-    Rank 0 releases the others even when it fails, so they fail on the same problem instead of waiting forever."""
-    rank, size = world()
-    if rank > 0:
-        dist.barrier()
-    try:
-        yield
-    finally:
-        if rank == 0 and size > 1:
-            dist.barrier()
-
-
-# --- Training-loop pieces ----------------------------------------------------------------------------------------
-
-def parse_args(config_cls, argv=None):
-    """Dataclass fields -> `--name value` flags; each field's trailing comment is its --help text."""
-    source = inspect.getsource(config_cls)
-    helps = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.+)$", source, re.M))
-    parser = OneLineErrors(description=(sys.modules[config_cls.__module__].__doc__ or "").split("\n")[0],
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    for f in dataclasses.fields(config_cls):
-        kind = {"bool": _parse_bool, "int": int, "float": float}.get(f.type if isinstance(f.type, str)
-                                                                      else f.type.__name__, str)
-        parser.add_argument(f"--{f.name}", type=kind, default=f.default, help=helps.get(f.name, " "))
-    return config_cls(**vars(parser.parse_args(argv)))
-
-
-class OneLineErrors(argparse.ArgumentParser):
-    """A bad flag is one line on stderr (not the whole usage), exit status 2, as for every other bad input."""
-
-    def error(self, message):
-        print(f"error: {message} (see --help)", file=sys.stderr)
-        sys.exit(2)
-
-
-def _parse_bool(s):
-    if s.lower() in ("1", "true", "yes"):
-        return True
-    if s.lower() in ("0", "false", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected 1/0/true/false, got {s!r}")
-
-
-def set_seed(seed):
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def resolve_device(name):
-    """'auto' -> cuda, mps or cpu; asking for a device that is not there is an error, never a silent fallback."""
-    available = {"cpu": True, "cuda": torch.cuda.is_available(),
-                 "mps": getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()}
-    if name == "auto":
-        name = "cuda" if available["cuda"] else "mps" if available["mps"] else "cpu"
-    if name not in available:
-        raise UserError(f"--device {name!r}: choose auto, cpu, cuda or mps")
-    if not available[name]:
-        raise UserError(f"--device {name} was asked for but PyTorch sees no {name.upper()} device here "
-                        f"(torch {torch.__version__}); use --device cpu or install a {name} build of torch")
-    if name == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # TF32 for fp32 matmuls
-    return torch.device(name)
-
-
-def autocast(device):
-    """bf16 autocast on CUDA (no grad scaler needed); plain fp32 elsewhere."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def make_optimizer(params, lr, total_steps, device):
-    """AdamW (wd 0, betas 0.9/0.999, eps 1e-8) with a linear decay to 0 and no warm-up [official: HF Trainer 4.2.1]."""
-    params = [p for p in params if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                            fused=device.type == "cuda")
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: max(0.0, 1 - step / total_steps))
-    return opt, sched
-
-
-def optimizer_step(loss, opt, sched, max_grad_norm=1.0):
-    """backward, clip the global gradient norm at 1.0 [official: HF Trainer max_grad_norm], step, zero."""
-    loss.backward()
-    params = [p for group in opt.param_groups for p in group["params"]]
-    torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    opt.step()
-    sched.step()
-    opt.zero_grad(set_to_none=True)
-
-
-# --- Reliability: flag checks, run checkpoints (resume), signals ---------------------------------------------------
-
-class RunFinished(Exception):
-    """--resume of a run that already finished: said in one line, exit status 0, nothing done."""
-
-
-class TrainingStopped(UserError):
-    """The run stopped on its own (a non-finite loss) after writing the best model so far: exit status 3."""
-    exit_code = 3
-
-
-FLAG_RULES = {  # flag -> (test, what it must be). A method's own flags are checked when its Config has them.
-    "seed": (lambda v: 0 <= v < 2**32, "in [0, 2^32) (numpy's seed range)"),
-    "batch_size": (lambda v: v >= 2, "at least 2 (a batch of one has no negatives)"),
-    "max_len": (lambda v: v >= 3, "at least 3 ([CLS], one token, [SEP])"),
-    "lr": (lambda v: 0 < v < 1, "in (0, 1)"),
-    "epochs": (lambda v: v >= 1, "at least 1"),
-    "max_steps": (lambda v: v >= 0, "0 (all epochs) or more"),
-    "temp": (lambda v: v > 0, "above 0"),
-    "eval_every": (lambda v: v >= 1, "at least 1"),
-    "dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
-    "save_every": (lambda v: v >= 0, "0 (only on a signal) or more"),
-    "hard_weight": (lambda v: True, "a number"),
-    "dup_rate": (lambda v: 0 <= v <= 1, "in [0, 1]"),
-    "queue_size": (lambda v: v >= 0, "0 or more"),
-    "momentum": (lambda v: 0 <= v <= 1, "in [0, 1]"),
-    "m": (lambda v: v > 0, "above 0"),
-    "lambda_dcl": (lambda v: v >= 0, "0 or more"),
-    "temp_dcl": (lambda v: v > 0, "above 0"),
-    "mask_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"),
-    "lambda_rtd": (lambda v: v >= 0, "0 or more"),
-}
-
-
-def check_config(cfg):
-    """A one-line UserError for the first flag out of range (NaN and infinity are out of every range)."""
-    for name, (ok, what) in FLAG_RULES.items():
-        value = getattr(cfg, name, None)
-        if value is not None and not (math.isfinite(value) and ok(value)):
-            raise UserError(f"--{name} {value}: must be {what}")
-    if cfg.resume and cfg.overwrite:
-        raise UserError("--resume continues a run and --overwrite replaces one: pass only one of them")
-
-
-def check_model(folder, tok, model, max_len):
-    """A model folder whose parts disagree: more tokens than embedding rows, or positions shorter than max_len."""
-    rows = model.embeddings.word_embeddings.num_embeddings
-    if len(tok.vocab) > rows:
-        raise CheckpointError(f"{folder}: vocab.txt has {len(tok.vocab)} tokens but the word embeddings have {rows} "
-                              f"rows (config.json vocab_size): the folder mixes two models")
-    if max_len > model.cfg.max_position_embeddings:
-        raise UserError(f"--max_len {max_len} exceeds the model's {model.cfg.max_position_embeddings} positions")
-
-
-def state_of(obj):
-    """A live training object -> its state (tensors in plain containers)."""
-    if isinstance(obj, (nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)):
-        return obj.state_dict()
-    if isinstance(obj, torch.Generator):
-        return obj.get_state()
-    if isinstance(obj, random.Random):
-        return obj.getstate()
-    if isinstance(obj, collections.deque):
-        return list(obj)
-    raise TypeError(f"cannot checkpoint a {type(obj).__name__}")
-
-
-def restore_state(obj, state, device):
-    if isinstance(obj, (nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler)):
-        obj.load_state_dict(state)
-    elif isinstance(obj, torch.Generator):
-        obj.set_state(state)
-    elif isinstance(obj, random.Random):
-        obj.setstate(state)
-    else:
-        obj.clear()
-        obj.extend(t.to(device) for t in state)
-
-
-def rng_states():
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
-
-
-def set_rng_states(states):
-    random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
-    torch.set_rng_state(states["torch"])
-    if states["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-
-
-def pack(x, tensors, path="s"):
-    """Nested state -> JSON-able tree, its tensors moved into `tensors` (by path) and replaced by their names.
-    Dicts with non-string keys (an optimizer's state), tuples (RNG states, betas) and numpy arrays survive JSON."""
-    if isinstance(x, torch.Tensor):
-        name = path if path not in tensors else f"{path}#{len(tensors)}"
-        tensors[name] = x
-        return {"__tensor__": name}
-    if isinstance(x, dict):
-        if all(isinstance(k, str) and not k.startswith("__") for k in x):
-            return {k: pack(v, tensors, f"{path}.{k}") for k, v in x.items()}
-        return {"__items__": [[k, pack(v, tensors, f"{path}.{k}")] for k, v in x.items()]}
-    if isinstance(x, (list, tuple)):
-        items = [pack(v, tensors, f"{path}.{i}") for i, v in enumerate(x)]
-        return {"__tuple__": items} if isinstance(x, tuple) else items
-    if isinstance(x, np.ndarray):
-        return {"__ndarray__": x.tolist(), "dtype": str(x.dtype)}
-    return x.item() if isinstance(x, np.generic) else x
-
-
-def unpack(x, tensors):
-    if isinstance(x, list):
-        return [unpack(v, tensors) for v in x]
-    if not isinstance(x, dict):
-        return x
-    if "__tensor__" in x:
-        return tensors[x["__tensor__"]]
-    if "__items__" in x:
-        return {k: unpack(v, tensors) for k, v in x["__items__"]}
-    if "__tuple__" in x:
-        return tuple(unpack(v, tensors) for v in x["__tuple__"])
-    if "__ndarray__" in x:
-        return np.array(x["__ndarray__"], dtype=x["dtype"])
-    return {k: unpack(v, tensors) for k, v in x.items()}
-
-
-class Checkpoints:
-    """Run's resume machinery. out_dir/checkpoint/ holds state.json (step, histories, best score, config, and the
-    names of the two tensor files it refers to), tensors-STEP.safetensors (model, heads, optimizer, scheduler, the
-    method's extras such as ESimCSE's momentum encoder and queue, all RNG states) and best-STEP.safetensors (the
-    best weights). Tensor files are written first under new names, state.json last by an atomic rename, and only
-    then are older files deleted: a crash at any moment leaves the previous checkpoint whole."""
-    histories = ("dev_history", "stats_history", "align_uniform")  # Run's per-evaluation lists, saved as they are
-    signal = None  # the signal received (catch_signals)
-
-    def resume_config(self, cfg):
-        """--resume DIR: the saved run's configuration replaces cfg's fields (in place, so train() sees it); a flag
-        given now that contradicts it is an error. Raises RunFinished when DIR's run has finished."""
-        if not cfg.resume:
-            return None
-        out = Path(cfg.resume).expanduser()
-        out = out.parent if out.name == "checkpoint" and (out / "state.json").exists() else out
-        if not out.is_dir():
-            raise UserError(f"--resume {cfg.resume}: no such folder")
-        if (out / "results.json").exists():
-            raise RunFinished(f"the run in {out} has finished (results.json is there): nothing to do")
-        meta = read_json(out / "checkpoint" / "state.json", f"--resume {cfg.resume}: the checkpoint's state.json")
-        if not (isinstance(meta, dict) and meta.get("format") == 1 and isinstance(meta.get("config"), dict)):
-            raise CheckpointError(f"{out}/checkpoint/state.json is not a checkpoint of this program")
-        if meta.get("method") != self.method:
-            raise UserError(f"--resume {cfg.resume} holds a {meta.get('method')} run, not {self.method}")
-        saved = meta["config"]
-        for f in dataclasses.fields(cfg):  # device, SentEval folder and save_every may change; nothing else may
-            given = getattr(cfg, f.name)
-            if f.name in ("resume", "overwrite", "out_dir") or (f.name in ("device", "senteval", "save_every")
-                                                                  and given != f.default):
-                continue
-            if given != f.default and given != saved.get(f.name, f.default):
-                raise UserError(f"--{f.name} {given} contradicts the resumed run's {saved.get(f.name)}: a resumed "
-                                f"run keeps its configuration (leave the flag out)")
-            setattr(cfg, f.name, saved.get(f.name, f.default))
-        cfg.out_dir = str(out)
-        return meta
-
-    def claim_out_dir(self):
-        """Refuse an out_dir that holds another run (unless --overwrite); create nothing yet."""
-        if self.out.exists() and not self.out.is_dir():
-            raise UserError(f"--out_dir {self.out} is a file, not a folder")
-        found = [n for n in ("results.json", "checkpoint", "model.safetensors") if (self.out / n).exists()]
-        if found and not (self.cfg.resume or self.cfg.overwrite):
-            unfinished = (self.out / "checkpoint" / "state.json").exists() and "results.json" not in found
-            raise UserError(f"--out_dir {self.out} already holds a run ({', '.join(found)}); pass "
-                            + (f"--resume {self.out} to continue it, " if unfinished else "")
-                            + "--overwrite to replace it, or another --out_dir")
-
-    def open_out_dir(self):
-        """Create out_dir and write the log so far: before this, a bad input leaves no file behind. Rank 0 only."""
-        if self.rank > 0:
-            return
-        self.out.mkdir(parents=True, exist_ok=True)
-        if self.cfg.overwrite:
-            shutil.rmtree(self.out / "checkpoint", ignore_errors=True)
-            (self.out / "results.json").unlink(missing_ok=True)
-        with open(self.out / "log.txt", "a" if self.cfg.resume else "w", encoding="utf-8") as f:
-            f.write("".join(m + "\n" for m in self.pending_log))
-        self.pending_log = None
-
-    def track(self, **objects):
-        """The method's own state for the checkpoints (a momentum encoder, a queue, a generator, ...); None skipped."""
-        self.tracked = {**getattr(self, "tracked", {}), **{k: v for k, v in objects.items() if v is not None}}
-
-    def start(self, **state):
-        """Checkpoints hold what is given here (model=, head=, opt=, sched=) and what track() got; then continue the
-        --resume run, or else evaluate at step 0."""
-        self.state = {**{k: v for k, v in state.items() if v is not None}, **getattr(self, "tracked", {})}
-        self.model = state["model"]
-        self.open_out_dir()
-        self.catch_signals()
-        if self.resumed is not None:
-            self.load_checkpoint(self.out / "checkpoint", self.resumed)
-            if self.rank > 0:  # the checkpoint holds rank 0's RNG states: the others draw their own dropout masks
-                torch.manual_seed(self.cfg.seed + self.rank + 1000 * self.step_done)
-        else:
-            self.evaluate(0, self.model)
-
-    def catch_signals(self):
-        """Ctrl-C / SIGTERM set a flag; the loop saves a checkpoint at the end of the step and exits 128 + signal.
-        A second Ctrl-C stops at once."""
-        self.signal = None
-        if threading.current_thread() is not threading.main_thread():
-            return
-
-        def handler(signum, frame):
-            if self.signal is not None:
-                raise KeyboardInterrupt
-            self.signal = signum
-            print(f"\n{signal.Signals(signum).name}: saving a checkpoint after this step (again to stop now)",
-                  file=sys.stderr, flush=True)
-        self.old_handlers = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def release_signals(self):
-        for s, h in getattr(self, "old_handlers", {}).items():
-            signal.signal(s, h)
-        self.old_handlers = {}
-
-    def end_of_step(self, step):
-        """Checkpoint every save_every steps (not at the last: finish() follows) and on a signal, then obey it."""
-        self.agree_on_signal()
-        due = self.cfg.save_every and step % self.cfg.save_every == 0 and step < self.total
-        if step > 0 and (self.signal or due):
-            self.save_checkpoint(self.out / "checkpoint", step)
-        if self.signal:
-            self.release_signals()
-            self.log(f"{signal.Signals(self.signal).name} at step {step}: " + (
-                f"checkpoint saved; continue with --resume {self.out}" if step else "stopped before any training"))
-            sys.exit(128 + self.signal)
-
-    def agree_on_signal(self):
-        """Under torchrun every rank stops at the same step, whichever of them a signal reached first."""
-        if self.world_size > 1:
-            flag = torch.tensor([self.signal or 0], device=self.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            self.signal = int(flag) or None
-
-    def save_checkpoint(self, folder, step):
-        if self.rank > 0:  # the ranks hold the same weights and state; rank 0 writes them
-            return
-        folder.mkdir(exist_ok=True)
-        tensors = {}
-        tree = pack({"objects": {k: state_of(v) for k, v in self.state.items()}, "rng": rng_states()}, tensors)
-        names = {"tensors": f"tensors-{step}.safetensors", "best": f"best-{self.best_step}.safetensors"}
-        write_safetensors(folder / names["tensors"], tensors)
-        if not (folder / names["best"]).exists():
-            write_safetensors(folder / names["best"], self.best_state)
-        meta = {"format": 1, "method": self.method, "step": step, "total": self.total, "rows": self.n_rows,
-                "epoch": (step - 1) // (self.n_rows // self.cfg.batch_size), **names, "tree": tree,
-                "best_dev": self.best_dev, "best_step": self.best_step, "config": dataclasses.asdict(self.cfg),
-                "histories": {k: getattr(self, k) for k in self.histories if hasattr(self, k)}}
-        with atomic_write(folder / "state.json") as f:
-            json.dump(meta, f)
-        for stale in folder.iterdir():
-            if stale.name not in (*names.values(), "state.json"):
-                stale.unlink()
-        self.log(f"step {step} | checkpoint saved in {folder}")
-
-    def load_checkpoint(self, folder, meta):
-        """Everything back as it was after step meta['step']: the continued run is the uninterrupted one."""
-        if (meta.get("rows"), meta.get("total")) != (self.n_rows, self.total):
-            raise UserError(f"--resume {folder.parent}: the data has {self.n_rows} rows / {self.total} steps now but "
-                            f"{meta.get('rows')} / {meta.get('total')} when the checkpoint was written")
-        try:
-            state = unpack(meta["tree"], read_safetensors(folder / meta["tensors"]))
-            for name, obj in self.state.items():
-                restore_state(obj, state["objects"][name], self.device)
-            self.best_state = {k: v.to(self.device) for k, v in read_safetensors(folder / meta["best"]).items()}
-            self.best_dev, self.best_step, self.step_done = meta["best_dev"], meta["best_step"], meta["step"]
-            for k, v in meta["histories"].items():
-                setattr(self, k, v)
-            set_rng_states(state["rng"])  # last: nothing after this draws
-        except (KeyError, TypeError, ValueError, RuntimeError) as e:
-            raise CheckpointError(f"{folder} does not fit this run ({type(e).__name__}: "
-                                  f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
-        self.log(f"resumed from {folder} at step {self.step_done}/{self.total} (best {self.best_dev:.2f} "
-                 f"@ {self.best_step})")
-
-    def stop_non_finite(self, step, loss):
-        """A non-finite loss: write the best model so far and results.json, then stop (exit status 3)."""
-        msg = f"the loss became {loss} at step {step}: stopping (try a lower --lr)"
-        self.log(msg)
-        self.finish(self.model, self.tok, {"stopped": msg})
-        raise TrainingStopped(f"{msg}; the best model so far (step {self.best_step}) is in {self.out}")
-
-
-def read_json(path, what):
-    """A JSON file, or a one-line CheckpointError saying what is wrong with it."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{what} ({path}) is missing")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise CheckpointError(f"{what} ({path}) is not valid JSON ({type(e).__name__})") from None
-
-
-Batch = collections.namedtuple("Batch", "step epoch ids mask new_epoch")
-
-
-class Run(Checkpoints):
-    """One training run's bookkeeping: device, seed, output folder and log, data, dev evaluation, the best state,
-    the final test table, results.json and the saved model. The *_min.py files keep the method and the loop."""
-
-    def __init__(self, cfg, method, script):
-        self.cfg, self.method = cfg, method
-        check_config(cfg)
-        self.resumed, self.step_done, self.pending_log = self.resume_config(cfg), 0, []
-        self.device = self.start_ranks(resolve_device(cfg.device))
-        set_seed(cfg.seed + self.rank)  # rank r's dropout masks; data order and view draws have their own generators
-        self.out = Path(cfg.out_dir or f"runs/{method}")
-        self.claim_out_dir()
-        self.log(f"{method} | {script} sha256 {sha256_file(script)[:16]} | torch {torch.__version__} | {self.device}"
-                 + (f" x {self.world_size} processes" if self.world_size > 1 else ""))
-        self.log("config " + json.dumps(dataclasses.asdict(cfg)))
-        with rank0_first():
-            self.senteval = resolve_senteval(cfg.senteval)
-        load_sts(self.senteval, "test")  # parsed now: a malformed test file must fail before training, not after
-        self.dev_history, self.stats_history, self.align_uniform = [], [], []
-        self.best_dev, self.best_step, self.best_state, self.total = -math.inf, 0, None, 0
-        self.started, self.last_print = time.time(), 0.0
-        self.width = None  # training batches padded to the longest row; max_len once compiled (static shapes)
-
-    def start_ranks(self, device):
-        """Under torchrun: join the process group -> this rank's device; --batch_size is the global batch."""
-        device = init_distributed(device)
-        self.rank, self.world_size = world()
-        if self.cfg.batch_size % self.world_size:
-            raise UserError(f"--batch_size {self.cfg.batch_size} is the global batch and must split evenly over "
-                            f"{self.world_size} processes")
-        return device
-
-    def ddp(self, module):
-        """DistributedDataParallel around a trained module under torchrun; the module itself in one process."""
-        return wrap_ddp(module, self.device)
-
-    def log(self, msg):
-        if self.rank > 0:  # rank 0 logs for all
-            return
-        print(msg, flush=True)
-        if self.pending_log is not None:  # out_dir is not opened yet (start() does it)
-            return self.pending_log.append(msg)
-        with open(self.out / "log.txt", "a", encoding="utf-8") as f:
-            f.write(msg + "\n")
-
-    def load_model(self, mlm_head=False):
-        with rank0_first():  # a download happens once
-            tok = Tokenizer.from_pretrained(self.cfg.model)
-            model = Bert.from_pretrained(self.cfg.model, mlm_head=mlm_head, dropout=self.cfg.dropout,
-                                         quiet=self.rank > 0)
-        check_model(self.cfg.model, tok, model, self.cfg.max_len)
-        self.tok = tok
-        return tok, model.to(self.device)
-
-    def load_data(self, tok):
-        """Read and tokenize the whole training file once (truncated to max_len, [CLS] and [SEP] included)."""
-        with rank0_first():  # rank 0 tokenizes and writes the token cache, the others read it
-            data, seconds, hit = tokenize_file(tok, resolve_data(self.cfg.data), self.cfg.max_len)
-        self.log(f"data {self.cfg.data}: {len(data)} rows x {data.cols} column(s), "
-                 + (f"read from the token cache in {seconds:.1f}s" if hit else f"tokenized in {seconds:.1f}s"))
-        self.dev = DevSet(tok, self.senteval) if self.rank == 0 else None  # rank 0 evaluates
-        self.log("evaluation: STS-B dev Spearman; align/uniform = alignment (dev pairs with gold > 4) and uniformity "
-                 "(distinct dev sentences) of the same [CLS] vectors (STS-B test ones: `common.py analyze`)")
-        return data
-
-    def total_steps(self, n_rows):
-        """Steps of the whole run: full batches per epoch x epochs, or --max_steps if smaller."""
-        per_epoch, self.n_rows = n_rows // self.cfg.batch_size, n_rows
-        if per_epoch == 0:
-            raise UserError(f"the data has {n_rows} rows, fewer than one batch of {self.cfg.batch_size}")
-        self.total = per_epoch * self.cfg.epochs
-        if self.cfg.max_steps > 0:
-            self.total = min(self.total, self.cfg.max_steps)
-        return self.total
-
-    def batches(self, data, tok):
-        """Batch(step, epoch, ids [B, C, L], mask [B, C, L], new_epoch) for steps 1..total, a fresh shuffle every
-        epoch; a resumed run starts after its checkpoint's step, in the same order."""
-        step = 0
-        for epoch in range(self.cfg.epochs):
-            for position, idx in enumerate(batches(len(data), self.cfg.batch_size, self.cfg.seed, epoch)):
-                step += 1
-                if step > self.total:
-                    return
-                if step > self.step_done:
-                    yield Batch(step, epoch, *collate(tok, [data[i] for i in idx], self.device, self.width),
-                                position == 0)
-
-    def compile(self, model):
-        """--compile: torch.compile the encoder's forward in place. Module.compile keeps the parameter names, so
-        the best-state copy and the saved checkpoint have no `_orig_mod.` prefix. On CUDA the 'reduce-overhead'
-        mode replays CUDA graphs, which want static shapes: training batches are then padded to max_len.
-        Evaluation calls model.encode, which stays eager (its batch lengths vary)."""
-        if not self.cfg.compile:
-            return model
-        self.width = self.cfg.max_len
-        model.compile(mode="reduce-overhead" if self.device.type == "cuda" else None)
-        self.log(f"compiled the encoder (torch.compile, {'CUDA graphs' if self.device.type == 'cuda' else 'inductor'})"
-                 f"; the first steps include the compilation")
-        return model
-
-    def evaluate(self, step, model, stats=None):
-        """STS-B dev (raw [CLS]) at step 0, every eval_every steps and at the last step; keep the best state.
-
-        Between evaluations, a progress line about every 10 seconds. Stops on a non-finite loss. Called at the end
-        of every step, it also saves the checkpoints (end_of_step)."""
-        stats = {k: float(v) for k, v in (stats or {}).items()}
-        if not math.isfinite(stats.get("loss", 0.0)):
-            self.stop_non_finite(step, stats["loss"])
-        extra = "".join(f" | {k} {v:.4f}" for k, v in stats.items() if k != "loss")
-        model = unwrap(model)
-        if self.rank > 0:  # rank 0 evaluates; the others wait for it at the next step's first all_gather
-            return self.end_of_step(step)
-        if not (step == 0 or step % self.cfg.eval_every == 0 or step == self.total):
-            if time.time() - self.last_print > 10:
-                self.last_print, rate = time.time(), (step - self.step_done) / (time.time() - self.started)
-                self.log(f"step {step}/{self.total} | loss {stats['loss']:.4f}{extra} | {rate:.2f} steps/s | "
-                         f"eta {(self.total - step) / rate / 60:.1f} min")
-            return self.end_of_step(step)
-        dev = self.dev.score(model)
-        align, uniform = self.dev.align_uniform
-        self.dev_history.append([step, round(dev, 4)])
-        self.align_uniform.append([step, _rounded(align), _rounded(uniform)])
-        self.stats_history.append([step, stats])
-        if dev > self.best_dev:
-            self.best_dev, self.best_step = dev, step
-            self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        seconds, steps = time.time() - self.started, step - self.step_done
-        pace = f"{1000 * seconds / steps:.0f} ms/step" if steps else f"start-up {seconds:.1f} s"  # no step yet
-        loss = f"{stats['loss']:.4f}" if "loss" in stats else "-"  # step 0: before any training step
-        self.log(f"step {step} | loss {loss}{extra} | stsb_dev {dev:.2f} | "
-                 f"align {align:.4f} uniform {uniform:.4f} | best {self.best_dev:.2f} @ {self.best_step} | {pace}")
-        self.end_of_step(step)
-
-    def finish(self, model, tok, extra=None):
-        """Best state -> 7-task test table (raw [CLS]), results.json and the saved model in out_dir; then the
-        checkpoint folder goes (results.json marks the run finished). Rank 0 only; the other ranks just leave."""
-        self.release_signals()
-        if self.rank > 0:
-            return {}  # the process group ends in main_guard, after train() has returned (leave_distributed)
-        model = unwrap(model)
-        if self.best_state is not None:
-            model.load_state_dict(self.best_state)
-        test = evaluate_sts(model, tok, self.senteval, "test", "cls")
-        self.log(format_table(test))
-        model.save_pretrained(self.out, tok)
-        results = {"method": self.method, "config": dataclasses.asdict(self.cfg), "dev_history": self.dev_history,
-                   "stats_history": self.stats_history,
-                   "align_uniform": self.align_uniform, "align_uniform_on": "STS-B dev",
-                   "best_step": self.best_step, "best_dev": round(self.best_dev, 4),
-                   "test": {k: round(v, 4) for k, v in test.items() if k != "details"},
-                   "test_details": test["details"], "train_seconds": round(time.time() - self.started, 1),
-                   **(extra or {})}
-        with atomic_write(self.out / "results.json") as f:
-            json.dump(results, f, indent=2)
-        shutil.rmtree(self.out / "checkpoint", ignore_errors=True)
-        self.log(f"best stsb_dev {self.best_dev:.2f} @ step {self.best_step}; model and results.json in {self.out}")
-        return results
-
-
-def _rounded(x, digits=6):
-    return round(x, digits) if math.isfinite(x) else None  # JSON has no NaN
-
-
-def main_guard(fn, *args):
-    """Run a command-line entry point: a UserError becomes one line on stderr and exit status 2. Under torchrun
-    the process group ends after a normal return (on an error the process exits and torchrun stops the others)."""
-    try:
-        result = fn(*args)
-        leave_distributed()
-        return result
-    except RunFinished as e:
-        if int(os.environ.get("RANK", "0")) == 0:  # every rank finds the run finished (maybe before joining the group)
-            print(e, file=sys.stderr)
-        leave_distributed()
-        sys.exit(0)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(getattr(e, "exit_code", 2))
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
-
 
 # --- Command line: python common.py eval | download | analyze -----------------------------------------------------
 

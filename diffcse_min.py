@@ -19,13 +19,15 @@ Unlike simcse_min.py:
     python diffcse_min.py --data wiki1m_for_simcse.txt --generator path/to/BertForMaskedLM-folder --device cuda
 """
 import dataclasses
+import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (Bert, CheckpointError, Run, Tokenizer, UserError, all_gather, autocast, main_guard,
-                    make_optimizer, optimizer_step, parse_args, rank0_first, shard)
+from common import (Bert, CheckpointError, Run, Tokenizer, UserError, all_gather, autocast,
+                    exit_on_signal, main_guard, make_optimizer, optimizer_step, parse_args, rank0_first,
+                    resolve_model, save_checkpoint, shard, signal_received, upcast)
 
 
 # ---- Config
@@ -53,6 +55,8 @@ class Config:
     mask_ratio: float = 0.30  # share of real tokens masked for the generator [paper App. A, BERT-base]
     lambda_rtd: float = 0.005  # λ_RTD, the weight of the token-mean RTD loss [paper App. A; official run_diffcse.sh]
     generator: str = "distilbert-base-uncased"  # frozen masked LM with its MLM head [paper §4.1; official code]
+    checks = {"mask_ratio": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+              "lambda_rtd": (lambda v: v >= 0, "0 or more")}  # the method's own flags (common: the rest)
 
 
 # ---- Views
@@ -124,7 +128,8 @@ class Discriminator(nn.Module):
 def load_generator(name, tok):
     """The frozen masked LM: no gradient and never in the optimizer [paper §4.1]; it must share tok's vocabulary."""
     try:
-        generator = Bert.from_pretrained(name, mlm_head=True)
+        with rank0_first():  # a download happens once
+            generator = Bert.from_pretrained(resolve_model(name, "--generator"), mlm_head=True)
     except CheckpointError as e:
         raise CheckpointError(f"--generator {name}: the generator must be a masked language model with its MLM head "
                               f"(e.g. distilbert-base-uncased, or a BertForMaskedLM folder): {e}") from None
@@ -136,15 +141,11 @@ def load_generator(name, tok):
 
 # ---- Loss
 
-def info_nce(h1, h2, temp, h3=None, hard_weight=0.0):
+def info_nce(h1, h2, temp):
     """Cross-entropy of cos(h1_i, h2_j)/τ over j with target j = i: one direction, j = i in the denominator
-    [paper Eq. 1; official code]. h1, h2 [B, H] pair row by row; h3 [B, H] are hard negatives (supervised)."""
+    [SimCSE Eq. 1; official code]. h1, h2 [B, H] pair row by row."""
     h1, h2 = F.normalize(h1, dim=-1), F.normalize(h2, dim=-1)  # [B, H] each
     logits = h1 @ h2.T / temp  # [B, B]
-    if h3 is not None:
-        hard = h1 @ F.normalize(h3, dim=-1).T / temp  # [B, B]
-        hard = hard + hard_weight * torch.eye(len(h1), device=h1.device)  # weight on the own contradiction only
-        logits = torch.cat([logits, hard], dim=1)  # [B, 2B]
     return F.cross_entropy(logits, torch.arange(len(h1), device=h1.device))
 
 
@@ -183,37 +184,48 @@ def train_step(model, head, ids, mask, cfg, disc, generator, tok, gen):
     logits = disc(corrupted, mask, shard(h, views=2))  # [2b, L, 2], with gradient into h: the conditioning
     logits, labels, mask = (all_gather(t, views=2) for t in (logits, labels, mask))  # [2B, L(, 2)], every process
     with torch.autocast(h.device.type, enabled=False):  # the similarity/softmax math in fp32 [DESIGN]
-        return loss_fn(h.view(2, B, -1).float(), logits.float(), labels, mask, cfg.temp, cfg.lambda_rtd)
+        return loss_fn(upcast(h.view(2, B, -1)), upcast(logits), labels, mask, cfg.temp, cfg.lambda_rtd)
 
 
 # ---- Training loop
 
 def train(cfg):
-    run = Run(cfg, "diffcse", __file__)
+    run = Run(cfg, "diffcse", __file__, models=("model", "generator"))  # checks every input; nothing is written before run.start
     tok, model = run.load_model()
     head = BNProjector(model.cfg.hidden_size).to(run.device)
-    data = run.load_data(tok)
-    if len(data[0]) != 1:
-        raise UserError(f"{cfg.data}: DiffCSE is unsupervised and takes one sentence per line, not a CSV of "
-                        f"{len(data[0])} columns (supervised SimCSE is simcse_min.py)")
-    disc = Discriminator(run.load_model()[1]).to(run.device)  # its own copy of the pretrained encoder
-    with rank0_first():  # a download happens once
-        generator = load_generator(cfg.generator, tok).to(run.device)
-    gen = torch.Generator(run.device).manual_seed(cfg.seed)  # the masking draws
-    opt, sched = make_optimizer([*model.parameters(), *head.parameters(), *disc.parameters()], cfg.lr,
-                                run.total_steps(len(data)), run.device)
-    run.track(disc=disc, gen=gen)
+    data = run.load_data(tok, one_column=True)  # DiffCSE: unsupervised only
+    disc = Discriminator(run.load_model()[1]).to(run.device)  # DiffCSE: its own pretrained copy
+    generator = load_generator(cfg.generator, tok).to(run.device)  # DiffCSE: frozen
+    gen = torch.Generator(run.device).manual_seed(cfg.seed)  # DiffCSE: the masking draws
+    total = run.total_steps(len(data))
+    params = [*model.parameters(), *head.parameters(), *disc.parameters()]  # DiffCSE: + discriminator
+    opt, sched = make_optimizer(params, cfg.lr, total, run.device)
+    saved = dict(model=model, head=head, opt=opt, sched=sched, disc=disc, gen=gen)
     run.compile(model)
-    run.start(model=model, head=head, opt=opt, sched=sched)
+    start = run.start(saved)  # 0, or the step of the --resume checkpoint, everything as it was then
     model, head, disc = run.ddp(model), run.ddp(head), run.ddp(disc)
     model.train(), head.train(), disc.train()
-    generator.train()  # subtle: frozen, yet its dropout stays on, as in the official code (model.train() reaches it)
-    for batch in run.batches(data, tok):
+    generator.train()  # DiffCSE subtle: frozen, yet its dropout stays on [official code]
+    batches, stats = run.batches(data, tok, start), {}
+    for step in range(start, total + 1):  # step: optimizer steps done so far
+        stop = signal_received(run)  # Ctrl-C or SIGTERM, the same on every process
+        if step > start and (stop or cfg.save_every and step % cfg.save_every == 0):
+            save_checkpoint(run, step, saved)
+        if stop:
+            exit_on_signal(run, step)  # exit status 128 + signal; `--resume out_dir` continues
+        if step % cfg.eval_every == 0 or step == total:  # STS-B dev: step 0, every eval_every, last
+            dev = run.evaluate(step, model, stats)
+            if dev > run.best_dev:
+                run.keep_best(step, dev, model)  # in memory; the final test table uses it
+        if step == total:
+            break
         with autocast(run.device):
-            loss, stats = train_step(model, head, batch.ids, batch.mask, cfg, disc, generator, tok, gen)
+            loss, stats = train_step(model, head, *next(batches), cfg, disc, generator, tok, gen)
+        if not math.isfinite(loss.item()):  # stop, keeping the best model so far: exit status 3
+            raise run.stop_non_finite(step + 1, loss.item(), model, tok)
         optimizer_step(loss, opt, sched)
-        run.evaluate(batch.step, model, stats)
-    return run.finish(model, tok)  # the encoder only: projector, discriminator and generator are dropped
+        run.log_progress(step + 1, stats)
+    return run.finish(model, tok)  # DiffCSE: the encoder only; projector, discriminator go
 
 
 # ---- CLI

@@ -18,14 +18,15 @@ Unlike simcse_min.py:
 import collections
 import copy
 import dataclasses
+import math
 import random
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (Run, UserError, all_gather, autocast, main_guard, make_optimizer, optimizer_step, parse_args,
-                    shard)
+from common import (Run, all_gather, autocast, exit_on_signal, main_guard, make_optimizer,
+                    optimizer_step, parse_args, save_checkpoint, shard, signal_received, upcast)
 
 
 # ---- Config
@@ -53,6 +54,8 @@ class Config:
     dup_rate: float = 0.32  # the most sub-words repeated, as a share of the length; 0: no repetition [paper Table 9]
     queue_size: int = 160  # M, queued negatives, 2.5·B; 0: no queue and no momentum encoder [paper Table 10]
     momentum: float = 0.995  # μ of the momentum encoder's EMA; 0: a dropout-off copy of the encoder [paper §4.2]
+    checks = {"dup_rate": (lambda v: 0 <= v <= 1, "in [0, 1]"), "queue_size": (lambda v: v >= 0, "0 or more"),
+              "momentum": (lambda v: 0 <= v <= 1, "in [0, 1]")}  # the method's own flags (common: the rest)
 
 
 # ---- Views
@@ -141,41 +144,53 @@ def train_step(model, head, ids, mask, cfg, momentum, queue, rng):
     ids, mask = shard(ids), shard(mask)  # [b, C, L]: this process's rows of the batch (one process: all B)
     cls = model(*views, cls_only=True)[:, 0]  # [2b, H]
     h = all_gather(head(cls), views=len(cls) // len(ids)).view(-1, B, cls.size(-1))  # [V, B, H], every process
-    queued = torch.stack([*queue]) if queue else h.new_zeros(0, h.size(-1), dtype=torch.float)  # [M, H], fp32
+    queued = torch.stack([*queue]) if queue else h.new_zeros(0, h.size(-1))  # [M, H]
     with torch.autocast(h.device.type, enabled=False):  # the similarity/softmax math in fp32 [DESIGN]
-        loss, stats = loss_fn(h.float(), queued, cfg.temp)
+        loss, stats = loss_fn(upcast(h), upcast(queued), cfg.temp)
     if momentum is not None:  # the B original sentences, through the online head, detached [official models.py]
-        queue.extend(all_gather(head(momentum(ids[:, 0], mask[:, 0], cls_only=True)[:, 0]).detach()).float().unbind())
+        queue.extend(all_gather(head(momentum(ids[:, 0], mask[:, 0], cls_only=True)[:, 0]).detach()).unbind())
     return loss, stats
 
 
 # ---- Training loop
 
 def train(cfg):
-    run = Run(cfg, "esimcse", __file__)
+    run = Run(cfg, "esimcse", __file__)  # checks every input; nothing is written before run.start
     tok, model = run.load_model()
     head = MLPHead(model.cfg.hidden_size).to(run.device)
-    momentum = momentum_encoder(model) if cfg.queue_size > 0 else None  # no queue, no momentum encoder
-    data = run.load_data(tok)
-    if len(data[0]) > 1:
-        raise UserError(f"{cfg.data}: ESimCSE is unsupervised, one sentence per line (supervised: simcse_min.py)")
-    opt, sched = make_optimizer([*model.parameters(), *head.parameters()], cfg.lr, run.total_steps(len(data)),
-                                run.device)
-    rng, queue = random.Random(cfg.seed), collections.deque(maxlen=cfg.queue_size)
-    run.track(momentum=momentum, queue=queue, rng=rng)
+    momentum = momentum_encoder(model) if cfg.queue_size > 0 else None  # ESimCSE: none without a queue
+    data = run.load_data(tok, one_column=True)  # ESimCSE: unsupervised only
+    total = run.total_steps(len(data))
+    opt, sched = make_optimizer([*model.parameters(), *head.parameters()], cfg.lr, total, run.device)
+    rng, queue = random.Random(cfg.seed), collections.deque(maxlen=cfg.queue_size)  # ESimCSE
+    saved = dict(model=model, head=head, opt=opt, sched=sched, momentum=momentum, queue=queue, rng=rng)
     run.compile(model)
-    run.start(model=model, head=head, opt=opt, sched=sched)
+    start = run.start(saved)  # 0, or the step of the --resume checkpoint, everything as it was then
     model, head = run.ddp(model), run.ddp(head)
     model.train(), head.train()
-    for batch in run.batches(data, tok):
-        if batch.new_epoch:  # the queue starts empty in every epoch [official trainers.py]
+    batches, stats = run.batches(data, tok, start), {}
+    for step in range(start, total + 1):  # step: optimizer steps done so far
+        stop = signal_received(run)  # Ctrl-C or SIGTERM, the same on every process
+        if step > start and (stop or cfg.save_every and step % cfg.save_every == 0):
+            save_checkpoint(run, step, saved)
+        if stop:
+            exit_on_signal(run, step)  # exit status 128 + signal; `--resume out_dir` continues
+        if step % cfg.eval_every == 0 or step == total:  # STS-B dev: step 0, every eval_every, last
+            dev = run.evaluate(step, model, stats)
+            if dev > run.best_dev:
+                run.keep_best(step, dev, model)  # in memory; the final test table uses it
+        if step == total:
+            break
+        if step % run.per_epoch == 0:  # ESimCSE: the queue starts empty in every epoch [official code]
             queue.clear()
         with autocast(run.device):
-            loss, stats = train_step(model, head, batch.ids, batch.mask, cfg, momentum, queue, rng)
+            loss, stats = train_step(model, head, *next(batches), cfg, momentum, queue, rng)
+        if not math.isfinite(loss.item()):  # stop, keeping the best model so far: exit status 3
+            raise run.stop_non_finite(step + 1, loss.item(), model, tok)
         optimizer_step(loss, opt, sched)
-        if momentum is not None:
+        if momentum is not None:  # ESimCSE: θ_m <- μ·θ_m + (1 - μ)·θ, after the step
             momentum_update(momentum, model, cfg.momentum)
-        run.evaluate(batch.step, model, stats)
+        run.log_progress(step + 1, stats)
     return run.finish(model, tok)
 
 

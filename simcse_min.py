@@ -13,12 +13,14 @@ Given an NLI CSV (sentence, entailment[, contradiction]) instead of plain senten
     python simcse_min.py --data nli_for_simcse.csv --batch_size 512 --lr 5e-5 --epochs 3 --device cuda
 """
 import dataclasses
+import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import Run, all_gather, autocast, main_guard, make_optimizer, optimizer_step, parse_args, shard
+from common import (Run, all_gather, autocast, exit_on_signal, main_guard, make_optimizer,
+                    optimizer_step, parse_args, save_checkpoint, shard, signal_received, upcast)
 
 
 # ---- Config
@@ -44,6 +46,7 @@ class Config:
     overwrite: bool = False  # replace the run an existing out_dir holds (else such an out_dir is refused)
     compile: bool = False  # torch.compile the encoder (CUDA graphs on CUDA; the first steps compile)
     hard_weight: float = 0.0  # supervised: added to each row's own contradiction logit, log α [official code]
+    checks = {"hard_weight": (lambda v: True, "a number")}  # the method's own flags (common: the rest)
 
 
 # ---- Views
@@ -101,27 +104,42 @@ def train_step(model, head, ids, mask, cfg):
     cls = model(*make_views(ids, mask), cls_only=True)[:, 0]  # [V*b, H]
     h = all_gather(head(cls), views=len(cls) // len(ids)).view(-1, B, cls.size(-1))  # [V, B, H], every process
     with torch.autocast(h.device.type, enabled=False):  # the similarity/softmax math in fp32 [DESIGN]
-        return loss_fn(h.float(), cfg.temp, cfg.hard_weight)
+        return loss_fn(upcast(h), cfg.temp, cfg.hard_weight)
 
 
 # ---- Training loop
 
 def train(cfg):
-    run = Run(cfg, "simcse", __file__)
+    run = Run(cfg, "simcse", __file__)  # checks every input; nothing is written before run.start
     tok, model = run.load_model()
     head = MLPHead(model.cfg.hidden_size).to(run.device)
     data = run.load_data(tok)
-    opt, sched = make_optimizer([*model.parameters(), *head.parameters()], cfg.lr, run.total_steps(len(data)),
-                                run.device)
+    total = run.total_steps(len(data))
+    opt, sched = make_optimizer([*model.parameters(), *head.parameters()], cfg.lr, total, run.device)
+    saved = dict(model=model, head=head, opt=opt, sched=sched)  # what a checkpoint holds
     run.compile(model)
-    run.start(model=model, head=head, opt=opt, sched=sched)
+    start = run.start(saved)  # 0, or the step of the --resume checkpoint, everything as it was then
     model, head = run.ddp(model), run.ddp(head)
     model.train(), head.train()
-    for batch in run.batches(data, tok):
+    batches, stats = run.batches(data, tok, start), {}
+    for step in range(start, total + 1):  # step: optimizer steps done so far
+        stop = signal_received(run)  # Ctrl-C or SIGTERM, the same on every process
+        if step > start and (stop or cfg.save_every and step % cfg.save_every == 0):
+            save_checkpoint(run, step, saved)
+        if stop:
+            exit_on_signal(run, step)  # exit status 128 + signal; `--resume out_dir` continues
+        if step % cfg.eval_every == 0 or step == total:  # STS-B dev: step 0, every eval_every, last
+            dev = run.evaluate(step, model, stats)
+            if dev > run.best_dev:
+                run.keep_best(step, dev, model)  # in memory; the final test table uses it
+        if step == total:
+            break
         with autocast(run.device):
-            loss, stats = train_step(model, head, batch.ids, batch.mask, cfg)
+            loss, stats = train_step(model, head, *next(batches), cfg)
+        if not math.isfinite(loss.item()):  # stop, keeping the best model so far: exit status 3
+            raise run.stop_non_finite(step + 1, loss.item(), model, tok)
         optimizer_step(loss, opt, sched)
-        run.evaluate(batch.step, model, stats)
+        run.log_progress(step + 1, stats)
     return run.finish(model, tok)
 
 

@@ -20,13 +20,14 @@ Unlike simcse_min.py:
 """
 import contextlib
 import dataclasses
+import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (Run, UserError, all_gather, autocast, main_guard, make_optimizer, optimizer_step, parse_args,
-                    shard)
+from common import (Run, all_gather, autocast, exit_on_signal, main_guard, make_optimizer,
+                    optimizer_step, parse_args, save_checkpoint, shard, signal_received, upcast)
 
 
 # ---- Config
@@ -55,6 +56,8 @@ class Config:
     lambda_dcl: float = 0.1  # λ_DCL, the weight of DCL; 0 turns DCL off [paper §5.1; official sw_weight]
     temp_dcl: float = 5.0  # τ_DCL, the temperature of DCL [paper §5.1, Table 5; official sw_temp]
     off_dropout: bool = True  # negatives from a dropout-off pass; 0: SimCSE's in-batch negatives, m unused [paper §3]
+    checks = {"m": (lambda v: v > 0, "above 0"), "lambda_dcl": (lambda v: v >= 0, "0 or more"),
+              "temp_dcl": (lambda v: v > 0, "above 0")}  # the method's own flags (common: the rest)
 
 
 # ---- Views
@@ -148,29 +151,42 @@ def train_step(model, head, ids, mask, cfg):
             cls = torch.cat([cls, model(ids[:, 0], mask[:, 0], cls_only=True)[:, 0]])  # [3*b, H]
     h = all_gather(head(cls), views=len(cls) // len(ids)).view(-1, B, cls.size(-1))  # [V, B, H], every process
     with torch.autocast(h.device.type, enabled=False):  # the similarity/softmax math in fp32 [DESIGN]
-        return loss_fn(h.float(), cfg.temp, cfg.m, cfg.lambda_dcl, cfg.temp_dcl)
+        return loss_fn(upcast(h), cfg.temp, cfg.m, cfg.lambda_dcl, cfg.temp_dcl)
 
 
 # ---- Training loop
 
 def train(cfg):
-    run = Run(cfg, "simcsepp", __file__)
+    run = Run(cfg, "simcsepp", __file__)  # checks every input; nothing is written before run.start
     tok, model = run.load_model()
     head = MLPHead(model.cfg.hidden_size).to(run.device)
-    data = run.load_data(tok)
-    if len(data[0]) != 1:
-        raise UserError(f"{cfg.data} has {len(data[0])} columns: SimCSE++ is unsupervised, give one sentence a line")
-    opt, sched = make_optimizer([*model.parameters(), *head.parameters()], cfg.lr, run.total_steps(len(data)),
-                                run.device)
+    data = run.load_data(tok, one_column=True)  # SimCSE++: unsupervised only
+    total = run.total_steps(len(data))
+    opt, sched = make_optimizer([*model.parameters(), *head.parameters()], cfg.lr, total, run.device)
+    saved = dict(model=model, head=head, opt=opt, sched=sched)  # what a checkpoint holds
     run.compile(model)
-    run.start(model=model, head=head, opt=opt, sched=sched)
+    start = run.start(saved)  # 0, or the step of the --resume checkpoint, everything as it was then
     model, head = run.ddp(model), run.ddp(head)
     model.train(), head.train()
-    for batch in run.batches(data, tok):
+    batches, stats = run.batches(data, tok, start), {}
+    for step in range(start, total + 1):  # step: optimizer steps done so far
+        stop = signal_received(run)  # Ctrl-C or SIGTERM, the same on every process
+        if step > start and (stop or cfg.save_every and step % cfg.save_every == 0):
+            save_checkpoint(run, step, saved)
+        if stop:
+            exit_on_signal(run, step)  # exit status 128 + signal; `--resume out_dir` continues
+        if step % cfg.eval_every == 0 or step == total:  # STS-B dev: step 0, every eval_every, last
+            dev = run.evaluate(step, model, stats)
+            if dev > run.best_dev:
+                run.keep_best(step, dev, model)  # in memory; the final test table uses it
+        if step == total:
+            break
         with autocast(run.device):
-            loss, stats = train_step(model, head, batch.ids, batch.mask, cfg)
+            loss, stats = train_step(model, head, *next(batches), cfg)
+        if not math.isfinite(loss.item()):  # stop, keeping the best model so far: exit status 3
+            raise run.stop_non_finite(step + 1, loss.item(), model, tok)
         optimizer_step(loss, opt, sched)
-        run.evaluate(batch.step, model, stats)
+        run.log_progress(step + 1, stats)
     return run.finish(model, tok)
 
 

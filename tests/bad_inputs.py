@@ -151,7 +151,7 @@ def cases(tmp):
         ("--resume with a flag that contradicts the run", "simcse", data + ["--resume", "UNFINISHED", "--lr", "1e-3"],
          2, False),
         ("--resume of a SimCSE run by ESimCSE", "esimcse", data + ["--resume", "UNFINISHED"], 2, False),
-        ("--resume with a corrupt state.json", "simcse", ["--resume", "CORRUPT"], 2, False),
+        ("--resume with a corrupt checkpoint.pt", "simcse", ["--resume", "CORRUPT"], 2, False),
         ("--resume and --overwrite together", "simcse", base + data + ["--resume", str(done), "--overwrite", "1"], 2,
          True),
         ("non-finite loss (--temp 1e-300)", "simcse", base[:-1] + [str(tmp / "out_nan")] + data +
@@ -169,8 +169,8 @@ def prepare(tmp, context):
                                            out_dir=str(context["done"])))
         unfinished = unfinished_run(tmp, world)
     corrupt = Path(tmp) / "corrupt"
-    (corrupt / "checkpoint").mkdir(parents=True)
-    (corrupt / "checkpoint" / "state.json").write_text("{\"format\": 1, \"method\": \"simcse\", ")
+    corrupt.mkdir(parents=True)
+    (corrupt / "checkpoint.pt").write_bytes(b"PK\x03\x04 not a whole checkpoint")
     return {"UNFINISHED": str(unfinished), "CORRUPT": str(corrupt)}
 
 

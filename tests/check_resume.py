@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -26,8 +28,8 @@ def cli(method, flags, **kw):
 
 def step_of(out):
     try:
-        return json.loads((out / "checkpoint" / "state.json").read_text())["step"]
-    except (OSError, ValueError):
+        return torch.load(out / "checkpoint.pt", weights_only=True)["step"]
+    except (OSError, RuntimeError, EOFError):
         return 0
 
 

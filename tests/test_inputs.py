@@ -52,4 +52,4 @@ def test_long_lines_are_cut_and_said_once(tmp_path, capsys):
 def test_flag_ranges(flag, value):
     cfg = importlib.import_module("esimcse_min").Config(**{flag: value})
     with pytest.raises(common.UserError, match=f"--{flag} "):
-        common.check_config(cfg)
+        common.check_inputs(cfg, models=())

@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 import common
 from tiny_world import make_model, make_senteval, sentence
@@ -61,13 +62,13 @@ def assert_same_run(a, b):
         for k in ("out_dir", "resume"):
             r["config"].pop(k)
     assert ra == rb
-    assert not (b / "checkpoint").exists()  # a finished run leaves no checkpoint behind
+    assert not (b / "checkpoint.pt").exists()  # a finished run leaves no checkpoint behind
 
 
 def checkpoint_step(out):
     try:
-        return json.loads((out / "checkpoint" / "state.json").read_text())["step"]
-    except (OSError, ValueError):
+        return torch.load(out / "checkpoint.pt", weights_only=True)["step"]
+    except (OSError, RuntimeError, EOFError):
         return 0
 
 
@@ -91,7 +92,7 @@ def test_sigkill_at_a_random_step_then_resume_is_bit_identical(method, world, tm
     module = importlib.import_module(f"{method}_min")
     module.train(module.Config(resume=str(out)))  # `--resume DIR` alone: the rest comes from the checkpoint
     assert_same_run(uninterrupted(method), out)
-    assert f"resumed from {out / 'checkpoint'} at step {killed_at}/16" in (out / "log.txt").read_text()
+    assert f"resumed from {out / 'checkpoint.pt'} at step {killed_at}/16" in (out / "log.txt").read_text()
 
 
 def test_sigterm_checkpoints_at_the_step_end_and_resume_survives_a_torn_write(world, tmp_path, uninterrupted,
@@ -110,10 +111,9 @@ def test_sigterm_checkpoints_at_the_step_end_and_resume_survives_a_torn_write(wo
     assert stop.value.code == 128 + signal.SIGTERM
     assert checkpoint_step(out) == 7 and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     monkeypatch.undo()
-    # a crash in the middle of the next checkpoint leaves a temporary file and a newer tensor file beside the
-    # last good state.json; neither is read
-    (out / "checkpoint" / ".state.json.x.tmp").write_text("{")
-    (out / "checkpoint" / "tensors-8.safetensors").write_bytes(b"\0" * 5)
+    # a crash in the middle of the next checkpoint leaves a torn temporary file beside the last good
+    # checkpoint.pt (atomic_write renames only a complete file); it is not read
+    (out / ".checkpoint.pt.x.tmp").write_bytes(b"\0" * 5)
     module.train(config("simcse", world, out, resume=str(out)))
     assert_same_run(uninterrupted("simcse"), out)
 
