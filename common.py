@@ -671,7 +671,9 @@ class Run:
     dev evaluation, the best state, and at the end the test table, results.json and the saved model.
     The loop itself, with its evaluation schedule, checkpoints and stops, is in each train()."""
 
-    def __init__(self, cfg, method, script, models=("model",)):
+    def __init__(self, cfg, script, models=("model",)):
+        method = Path(script).stem.removesuffix("_min")  # simcse, esimcse, simcsepp or diffcse
+        cfg.out_dir = cfg.out_dir or f"runs/{method}"
         self.cfg, self.method, self.log_lines = cfg, method, []  # log lines wait for start()
         self.resumed = read_resumed_run(cfg, method)  # --resume: the checkpoint; its config into cfg
         self.device = init_distributed(resolve_device(cfg.device))  # under torchrun: this rank's
@@ -1105,8 +1107,8 @@ def rename_checkpoint(tensors, model_type, model):
                 unused.add(key)
     missing = [k for k in expected if k not in state]
     if missing:
-        hint = " (the checkpoint has no masked-LM head)" if all(k.startswith("mlm.") for k in missing) \
-            else ""
+        hint = " (the checkpoint has no masked-LM head: a masked language model is needed here, e.g. " \
+            "distilbert-base-uncased)" if all(k.startswith("mlm.") for k in missing) else ""
         raise CheckpointError(f"checkpoint is missing {len(missing)} tensors{hint}: "
                               f"{', '.join(missing[:8])}" + (" ..." if len(missing) > 8 else ""))
     wrong = [f"{k} {tuple(state[k].shape)} != {tuple(expected[k].shape)}" for k in expected
@@ -1387,28 +1389,32 @@ def resolve_device(name):
     return torch.device(name)
 
 
-SHARED_CHECKS = {  # flag -> (test, what it must be); a method's own flags: its Config.checks
-    "seed": (lambda v: 0 <= v < 2**32, "in [0, 2^32) (numpy's seed range)"),
-    "batch_size": (lambda v: v >= 2, "at least 2 (a batch of one has no negatives)"),
-    "max_len": (lambda v: v >= 3, "at least 3 ([CLS], one token, [SEP])"),
-    "lr": (lambda v: 0 < v < 1, "in (0, 1)"),
-    "epochs": (lambda v: v >= 1, "at least 1"),
-    "max_steps": (lambda v: v >= 0, "0 (all epochs) or more"),
-    "temp": (lambda v: v > 0, "above 0"),
-    "eval_every": (lambda v: v >= 1, "at least 1"),
-    "dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
-    "save_every": (lambda v: v >= 0, "0 (only on a signal) or more"),
-}
+SHARED_CHECKS = {  # flag -> its allowed interval ('[' includes the bound, '(' excludes it)
+    "seed": "[0, 4294967296)", "batch_size": "[2, inf)", "max_len": "[3, inf)", "lr": "(0, 1)",
+    "epochs": "[1, inf)", "max_steps": "[0, inf)", "temp": "(0, inf)", "eval_every": "[1, inf)",
+    "dropout": "[0, 1)", "save_every": "[0, inf)"}  # a method's own flags: its Config.checks
+WHY = {"seed": " (numpy's seed range)", "batch_size": " (a batch of one has no negatives)",
+       "max_len": " ([CLS], one token, [SEP])", "max_steps": " (0: all epochs)",
+       "save_every": " (0: only on a signal)"}
+
+
+def in_interval(value, interval):
+    """value in '[lo, hi)'-style interval notation; NaN and infinity are in no interval."""
+    left, lo, hi, right = re.fullmatch(r"([\[(])(\S+), (\S+)([\])])", interval).groups()
+    lo, hi = float(lo), float(hi)
+    return math.isfinite(value) and (lo < value or left == "[" and value == lo) and \
+        (value < hi or right == "]" and value == hi)
 
 
 def check_inputs(cfg, models, world_size=1):
     """Every flag, input path and out_dir checked before any work starts; all problems at once, in
     one UserError line. `models` names the fields that hold model folders (DiffCSE: + generator)."""
-    problems = []
-    for name, (ok, what) in {**SHARED_CHECKS, **getattr(cfg, "checks", {})}.items():
-        value = getattr(cfg, name)
-        if not (math.isfinite(value) and ok(value)):
-            problems.append(f"--{name} {value}: must be {what}")
+    checks = {**SHARED_CHECKS, **getattr(cfg, "checks", {})}
+    problems = [f"--{k} {getattr(cfg, k)}: must be in {v}{WHY.get(k, '')}" for k, v in checks.items()
+                if not in_interval(getattr(cfg, k), v)]
+    problems += [f"--{f.name} {getattr(cfg, f.name)}: must be a finite number"
+                 for f in dataclasses.fields(cfg) if f.name not in checks
+                 and type(getattr(cfg, f.name)) is float and not math.isfinite(getattr(cfg, f.name))]
     if cfg.batch_size % world_size:
         problems.append(f"--batch_size {cfg.batch_size} is the global batch and must split evenly "
                         f"over {world_size} processes")

@@ -105,7 +105,7 @@ def worker(rank, port, out, config):
     results = {method: run_method(method) for method in METHODS}
     simcse_min = importlib.import_module("simcse_min")
     try:
-        common.Run(simcse_min.Config(batch_size=7), "simcse", __file__)
+        common.Run(simcse_min.Config(batch_size=7), simcse_min.__file__)
     except common.UserError as e:
         results["error"] = str(e)
     if rank == 0:
