@@ -2,9 +2,9 @@
 
 Part 1, the model and the loop (read this): a WordPiece tokenizer identical to BERT's, a compact BERT
 (+ MLM head) that loads real Hugging Face checkpoints, data batches, STS evaluation identical to the
-papers' SentEval path, and the pieces every train() loop calls. Part 2, operations (safe to skip when
-learning): safetensors, downloads, input checks, resumable checkpoints, torchrun. Part 3: the command
-line (`python common.py --help`: eval, download, analyze) and the analysis figures.
+papers' SentEval path, and the pieces every train() loop calls. Part 2, operations (safe to skip):
+safetensors, downloads, input checks, resumable checkpoints, torchrun. Part 3: the command line
+(`python common.py --help`: eval, download, analyze) and the analysis figures.
 Not here: heads, views, losses, method flags (those live in the *_min.py files).
 
     tok = Tokenizer.from_pretrained("bert-base-uncased")
@@ -13,31 +13,17 @@ Not here: heads, views, losses, method flags (those live in the *_min.py files).
     cls = model(ids, mask)[:, 0]                                                       # [2, 768]
 """
 import argparse
-import collections
 import contextlib
 import dataclasses
-import gc
-import hashlib
-import http.client
 import inspect
 import itertools
 import json
 import math
-import multiprocessing
-import os
 import random
 import re
-import shutil
-import signal
 import sys
-import tarfile
-import tempfile
-import threading
 import time
 import unicodedata
-import urllib.error
-import urllib.request
-import xml.sax.saxutils
 from pathlib import Path
 
 import numpy as np
@@ -64,46 +50,32 @@ class CheckpointError(UserError):
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _SPECIAL_SPLIT = re.compile("(" + "|".join(re.escape(s) for s in SPECIAL_TOKENS) + ")")
-_ASCII_CLEAN = {c: None for c in range(32) if chr(c) not in "\t\n\r"} | {127: None, 9: " ", 10: " ",
-                                                                        13: " "}
-_CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
-               (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF),
-               (0x2F800, 0x2FA1F))  # [HF BasicTokenizer]
-
-
-def _char_kind(ch):
-    """'drop' (NUL, U+FFFD, control/format), 'space', 'cjk' or '' for one character, as BERT sees it."""
-    if ch in "\t\n\r " or unicodedata.category(ch) == "Zs":
-        return "space"
-    if ch in "\x00\ufffd" or unicodedata.category(ch).startswith("C"):
-        return "drop"
-    return "cjk" if any(lo <= ord(ch) <= hi for lo, hi in _CJK_RANGES) else ""
-
-
-def _is_punctuation(ch):
-    """ASCII symbols count as punctuation too ('$', '^', '`'), as in BERT."""
-    cp = ord(ch)
-    return 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126 or \
-        unicodedata.category(ch).startswith("P")
+_ASCII_CLEAN = {c: None for c in range(32)} | {127: None, 9: " ", 10: " ", 13: " "}
+_CJK = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
+        (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))  # [HF BasicTokenizer]
 
 
 def basic_clean(text):
-    """Drop control characters, whitespace -> spaces, spaces around CJK characters, NFC-normalise."""
+    """Drop control characters, whitespace -> spaces, spaces around CJK characters, NFC [HF]."""
     if text.isascii():
         return text.translate(_ASCII_CLEAN)
     out = []
     for ch in text:
-        kind = _char_kind(ch)
-        out.append("" if kind == "drop" else " " if kind == "space" else f" {ch} " if kind == "cjk"
-                   else ch)
+        cat = unicodedata.category(ch)
+        if ch in "\t\n\r " or cat == "Zs":
+            out.append(" ")
+        elif ch not in "\x00\ufffd" and not cat.startswith("C"):  # else: dropped
+            out.append(f" {ch} " if any(lo <= ord(ch) <= hi for lo, hi in _CJK) else ch)
     return unicodedata.normalize("NFC", "".join(out))  # [HF BasicTokenizer, transformers >= 4.3x]
 
 
 def split_punctuation(word):
-    """'e-mail!' -> ['e', '-', 'mail', '!']: every punctuation character becomes a word of its own."""
+    """'e-mail!' -> ['e', '-', 'mail', '!']; ASCII symbols count as punctuation ('$', '^'), as in BERT."""
     pieces, current = [], ""
     for ch in word:
-        if _is_punctuation(ch):
+        cp = ord(ch)
+        if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126 or \
+                unicodedata.category(ch).startswith("P"):
             pieces += [current, ch] if current else [ch]
             current = ""
         else:
@@ -112,17 +84,15 @@ def split_punctuation(word):
 
 
 class Tokenizer:
-    """BERT's WordPiece: clean, split on whitespace and punctuation, then greedy longest-match sub-words
-    with '##'. Words are cached (a Wikipedia corpus repeats most of its words): the Python loop is fast."""
+    """BERT's WordPiece: clean, split on whitespace and punctuation, then greedy longest-match
+    sub-words with '##'. Words are cached (a corpus repeats most words): the Python loop is fast."""
     max_word_chars = 100  # longer words become [UNK] [HF WordpieceTokenizer]
 
     def __init__(self, vocab, do_lower_case=True, strip_accents=None):
-        self.vocab = vocab  # token -> id
-        self.lower = do_lower_case
-        self.strip_accents = do_lower_case if strip_accents is None else strip_accents  # [HF default]
-        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (vocab[t] for t in
-                                                                            SPECIAL_TOKENS)
-        self._cache = {}
+        self.vocab, self.lower, self._cache = vocab, do_lower_case, {}  # vocab: token -> id
+        self.strip_accents = do_lower_case if strip_accents is None else strip_accents  # [HF]
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = map(vocab.get,
+                                                                               SPECIAL_TOKENS)
 
     @classmethod
     def from_pretrained(cls, name_or_dir):
@@ -134,13 +104,11 @@ class Tokenizer:
         """One whitespace-delimited word -> sub-word ids (cached)."""
         ids = self._cache.get(word)
         if ids is None:
-            ids = []
             text = word.lower() if self.lower else word
             if self.strip_accents and not text.isascii():
                 text = "".join(c for c in unicodedata.normalize("NFD", text)
                                if unicodedata.category(c) != "Mn")
-            for piece in split_punctuation(text):
-                ids += self.wordpiece(piece)
+            ids = [i for piece in split_punctuation(text) for i in self.wordpiece(piece)]
             if len(self._cache) < 2_000_000:
                 self._cache[word] = ids
         return ids
@@ -163,15 +131,15 @@ class Tokenizer:
 
     def encode(self, text, max_len=None):
         """text -> [CLS] ids [SEP], at most max_len tokens ([CLS] and [SEP] counted), [SEP] kept."""
-        ids, cache, limit = [self.cls_id], self._cache, math.inf if max_len is None else max_len - 1
+        ids, limit = [self.cls_id], math.inf if max_len is None else max_len - 1
         for chunk in _SPECIAL_SPLIT.split(text) if "[" in text else (text,):
             if chunk in SPECIAL_TOKENS:
-                ids.append(self.vocab[chunk])  # special-token strings in the text are kept whole [HF]
+                ids.append(self.vocab[chunk])  # special-token strings in the text are kept [HF]
                 continue
             for word in basic_clean(chunk).split():
                 if len(ids) >= limit:
                     break  # the rest would be truncated away: 32-token training rows stop early
-                known = cache.get(word)  # the per-word cache, inlined: most words repeat
+                known = self._cache.get(word)  # the word cache, inlined: most words repeat
                 ids += known if known is not None else self.encode_word(word)
         return ids[:limit] + [self.sep_id] if len(ids) > limit else ids + [self.sep_id]
 
@@ -182,14 +150,10 @@ class Tokenizer:
     def __call__(self, texts, max_len=None):
         return self.pad([self.encode(t, max_len) for t in texts])
 
-    def vocab_digest(self):
-        data = "\n".join(self.vocab).encode() + bytes([self.lower, self.strip_accents])
-        return hashlib.sha256(data).hexdigest()
-
 
 def pad_ids(id_lists, pad_id, width=None):
-    """Id lists -> (ids [B, L], mask [B, L]) LongTensors, L the longest (at least `width`): one numpy
-    scatter, not a Python loop over rows (a boolean-mask assignment fills row by row, left to right)."""
+    """Id lists -> (ids [B, L], mask [B, L]) LongTensors, L the longest (at least `width`): one
+    numpy scatter, not a Python loop (a boolean-mask assignment fills row by row, left to right)."""
     lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))  # [B]
     mask = np.arange(max(width or 0, int(lengths.max()))) < lengths[:, None]  # [B, L] bool
     ids = np.full(mask.shape, pad_id, dtype=np.int64)  # [B, L]
@@ -198,7 +162,7 @@ def pad_ids(id_lists, pad_id, width=None):
     return torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64))
 
 
-# --- BERT --------------------------------------------------------------------------------------------
+# --- BERT ---------------------------------------------------------------------------------------
 
 @dataclasses.dataclass
 class BertConfig:
@@ -221,7 +185,7 @@ class BertConfig:
                              intermediate_size=64, max_position_embeddings=64), **kw})
 
     def n_params(self):
-        """The encoder's parameter count this config implies (a size check before allocating)."""
+        """The encoder's parameter count (a size check before allocating)."""
         H, I = self.hidden_size, self.intermediate_size
         return (self.vocab_size + self.max_position_embeddings + self.type_vocab_size) * H + \
             self.num_hidden_layers * (4 * H * H + 2 * H * I)
@@ -230,11 +194,10 @@ class BertConfig:
 class Embeddings(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        H = cfg.hidden_size
+        H, types = cfg.hidden_size, cfg.type_vocab_size
         self.word_embeddings = nn.Embedding(cfg.vocab_size, H, padding_idx=cfg.pad_token_id)
         self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, H)
-        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, H) if cfg.type_vocab_size \
-            else None
+        self.token_type_embeddings = nn.Embedding(types, H) if types else None
         self.LayerNorm = nn.LayerNorm(H, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
@@ -250,17 +213,15 @@ class Layer(nn.Module):
 
     def __init__(self, cfg):
         super().__init__()
-        H = cfg.hidden_size
+        H, I, eps = cfg.hidden_size, cfg.intermediate_size, cfg.layer_norm_eps
         self.heads, self.attn_p = cfg.num_attention_heads, cfg.attention_probs_dropout_prob
         self.query, self.key, self.value, self.attn_out = (nn.Linear(H, H) for _ in range(4))
-        self.attn_norm = nn.LayerNorm(H, eps=cfg.layer_norm_eps)
-        self.ffn_in, self.ffn_out = nn.Linear(H, cfg.intermediate_size), nn.Linear(
-            cfg.intermediate_size, H)
-        self.ffn_norm = nn.LayerNorm(H, eps=cfg.layer_norm_eps)
+        self.ffn_in, self.ffn_out = nn.Linear(H, I), nn.Linear(I, H)
+        self.attn_norm, self.ffn_norm = nn.LayerNorm(H, eps=eps), nn.LayerNorm(H, eps=eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
-    def forward(self, x, keep, cls_only=False):  # x [B, L, H], keep [B, 1, 1, L] bool (True: a token)
-        """-> [B, L, H]; cls_only: [B, 1, H], the [CLS] row only (its query; keys and values over all)."""
+    def forward(self, x, keep, cls_only=False):  # x [B, L, H], keep [B, 1, 1, L] bool (a token)
+        """-> [B, L, H]; cls_only: [B, 1, H], the [CLS] row only (its query; keys and values all)."""
         B, L, H = x.shape
         rows = x[:, :1] if cls_only else x  # [B, Q, H], Q = 1 or L
         q = self.query(rows).view(B, rows.size(1), self.heads, -1).transpose(1, 2)  # [B, h, Q, H/h]
@@ -269,11 +230,11 @@ class Layer(nn.Module):
                                            dropout_p=self.attn_p if self.training else 0.0)
         a = self.attn_out(a.transpose(1, 2).reshape(B, -1, H))  # [B, Q, H]
         x = self.attn_norm(rows + self.dropout(a))
-        return self.ffn_norm(x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(x)))))  # erf GELU [BERT]
+        return self.ffn_norm(x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(x)))))  # erf GELU
 
 
 class MLMHead(nn.Module):
-    """dense -> GELU -> LayerNorm -> logits over the vocabulary with the word-embedding matrix (tied)."""
+    """dense -> GELU -> LayerNorm -> logits over the vocabulary with the word embeddings (tied)."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -298,23 +259,23 @@ class Bert(nn.Module):
     def _init(m):  # BERT's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorms
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, std=0.02)
-        if isinstance(m, nn.Linear) and m.bias is not None:
+        if isinstance(m, nn.Linear):
             nn.init.zeros_(m.bias)
 
     def embed(self, ids):  # ids [B, L] -> x [B, L, H]
         return self.embeddings(ids)
 
     def encode(self, x, mask, all_layers=False, cls_only=False):  # x [B, L, H], mask [B, L]
-        """The last layer's states [B, L, H] (or every layer's). cls_only: the last layer computes the
-        [CLS] row alone, [B, 1, H], for callers that read [CLS] only (training steps, CLS evaluation):
-        1/L of its query, output and FFN work. Nothing after the last layer reads the other rows."""
+        """The last layer's states [B, L, H] (or every layer's). cls_only: the last layer computes
+        the [CLS] row alone, [B, 1, H], for callers that read [CLS] only (training steps, CLS
+        evaluation): 1/L of its work. Nothing after the last layer reads the other rows."""
         keep = mask.bool()[:, None, None, :]  # [B, 1, 1, L]
         states = [x]
         for i, layer in enumerate(self.layers):
-            states.append(layer(states[-1], keep, cls_only=cls_only and i == len(self.layers) - 1))
+            states.append(layer(states[-1], keep, cls_only and i == len(self.layers) - 1))
         return states if all_layers else states[-1]
 
-    def forward(self, ids, mask, cls_only=False):  # ids, mask [B, L] -> [B, L, H] ([B, 1, H] cls_only)
+    def forward(self, ids, mask, cls_only=False):  # ids, mask [B, L] -> [B, L, H] (cls_only: [B, 1, H])
         return self.encode(self.embed(ids), mask, cls_only=cls_only)
 
     def mlm_logits(self, h):  # h [B, L, H] -> [B, L, V]
@@ -331,10 +292,10 @@ class Bert(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name_or_dir, mlm_head=False, dropout=None, quiet=False):
-        """A Hugging Face BERT or DistilBERT folder, or a known name (downloaded once). Every tensor of
-        the model must be filled with the right shape: never a silent partial load [nanoGPT]."""
+        """A Hugging Face BERT or DistilBERT folder, or a known name (downloaded once). Every tensor
+        must be filled with the right shape: never a silent partial load [nanoGPT]."""
         folder = resolve_model(name_or_dir)
-        cfg, tensors, model_type = read_pretrained(folder)  # Part 2: config.json and weights, checked
+        cfg, tensors, model_type = read_model_folder(folder)  # Part 2: config.json, weights, checked
         model = cls(cfg, mlm_head)
         state, unused = rename_checkpoint(tensors, model_type, model)  # Hugging Face names -> ours
         model.load_state_dict(state, strict=True)
@@ -350,18 +311,18 @@ class Bert(nn.Module):
         save_pretrained(self, folder, tokenizer, dtype)
 
 
-# --- Data ----------------------------------------------------------------------------------------------
+# --- Data -----------------------------------------------------------------------------------------
 
 def epoch_batches(n, batch_size, seed, epoch):
-    """Index lists of one epoch: a fresh permutation per (seed, epoch); the last partial batch is
-    dropped (a batch of one sentence has no negatives; the official code keeps it: 15,626 vs 15,625)."""
+    """Index lists of one epoch, a fresh permutation per (seed, epoch); the last partial batch is
+    dropped (a batch of one has no negatives; the official code keeps it: 15,626 vs 15,625 steps)."""
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + epoch)).tolist()
     return [order[i:i + batch_size] for i in range(0, n - batch_size + 1, batch_size)]
 
 
 def collate(tok, rows, device, width=None):
-    """Rows of C columns of id lists -> ids, mask [B, C, L], every column padded to the longest (or to
-    `width`: static shapes for a compiled model)."""
+    """Rows of C columns of id lists -> ids, mask [B, C, L], padded to the longest (or to `width`:
+    static shapes for a compiled model)."""
     ids, mask = tok.pad([x for r in rows for x in r], width)  # [B*C, L]
     B, C = len(rows), len(rows[0])
     return to_device(ids.view(B, C, -1), device), to_device(mask.view(B, C, -1), device)
@@ -369,12 +330,10 @@ def collate(tok, rows, device, width=None):
 
 def to_device(t, device):
     """CPU tensor -> device; on CUDA through pinned memory, so the copy does not block the host."""
-    if device.type == "cuda":
-        t = t.pin_memory()
-    return t.to(device, non_blocking=True)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
 
 
-# --- STS evaluation (SimCSE's SentEval fork: cosine, Spearman x 100, 'all' for STS12-16) -------------
+# --- STS evaluation (SimCSE's SentEval fork: cosine, Spearman x 100, 'all' for STS12-16) -----------
 
 STS_YEARS = {  # task -> subsets, as SentEval reads them [official SentEval sts.py]
     "STS12": ["MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"],
@@ -390,26 +349,16 @@ SPLIT_FILES = {"STSBenchmark": {s: f"STS/STSBenchmark/sts-{s}.csv" for s in ("tr
                                    "test": "SICK/SICK_test_annotated.txt"}}
 
 
-def sts_files(mode):
-    """Relative paths the evaluation reads in 'test' or 'dev' mode."""
-    files = []
-    if mode == "test":
-        for year, subsets in STS_YEARS.items():
-            files += [f"STS/{year}-en-test/STS.{kind}.{s}.txt" for s in subsets for kind in ("input", "gs")]
-    return files + [SPLIT_FILES[t][mode] for t in SPLIT_FILES]
-
-
 def _joined(s):
-    return " ".join(s.split())  # SentEval splits on whitespace; its batcher re-joins with single spaces
+    return " ".join(s.split())  # SentEval splits on whitespace; its batcher re-joins with spaces
 
 
 def load_sts_subset(root, year, subset):
-    """(sentences A, sentences B, gold) of one STS12-16 subset; pairs with an empty gold score dropped."""
+    """(sentences A, B, gold) of one STS12-16 subset; pairs with an empty gold score dropped."""
     folder = Path(root) / "STS" / f"{year}-en-test"
     with malformed_file(folder / f"STS.{{input,gs}}.{subset}.txt"):  # Part 2: one line naming it
-        pairs = [line.split("\t") for line in
-                 (folder / f"STS.input.{subset}.txt").read_text("utf8").splitlines()]
-        gold = (folder / f"STS.gs.{subset}.txt").read_text("utf8").splitlines()
+        pairs = [r.split("\t") for r in (folder / f"STS.input.{subset}.txt").read_text().splitlines()]
+        gold = (folder / f"STS.gs.{subset}.txt").read_text().splitlines()
         keep = [i for i, g in enumerate(gold) if g != ""]  # not_empty_idx [official SentEval sts.py]
         return ([_joined(pairs[i][0]) for i in keep], [_joined(pairs[i][1]) for i in keep],
                 np.array([float(gold[i]) for i in keep]))
@@ -419,23 +368,19 @@ def load_sts_split(root, task, split):
     """STS-B (score in column 4, sentences 5-6) or SICK-R (a header; sentences 1-2, score 3)."""
     path = Path(root) / SPLIT_FILES[task][split]
     with malformed_file(path):
-        lines = path.read_text("utf8").splitlines()
-        cols = [line.strip().split("\t") for line in (lines if task == "STSBenchmark" else lines[1:])]
+        lines = path.read_text().splitlines()
+        rows = [line.strip().split("\t") for line in (lines if task == "STSBenchmark" else lines[1:])]
         a, b, y = (5, 6, 4) if task == "STSBenchmark" else (1, 2, 3)
-        return [_joined(c[a]) for c in cols], [_joined(c[b]) for c in cols], \
-            np.array([float(c[y]) for c in cols])
+        return [_joined(r[a]) for r in rows], [_joined(r[b]) for r in rows], \
+            np.array([float(r[y]) for r in rows])
 
 
 def load_sts(root, mode="test"):
     """{task: {subset or split: (A, B, gold)}} for the tasks a mode reports."""
     check_senteval(root, mode)  # Part 2: a missing or incomplete folder is one line
-    tasks = {}
-    if mode == "test":
-        tasks = {year: {s: load_sts_subset(root, year, s) for s in subsets}
-                 for year, subsets in STS_YEARS.items()}
-    for task in SPLIT_FILES:
-        tasks[task] = {mode: load_sts_split(root, task, mode)}
-    return tasks
+    tasks = {} if mode != "test" else {year: {s: load_sts_subset(root, year, s) for s in subsets}
+                                       for year, subsets in STS_YEARS.items()}
+    return {**tasks, **{task: {mode: load_sts_split(root, task, mode)} for task in SPLIT_FILES}}
 
 
 POOLERS = ("cls", "avg", "avg_first_last", "avg_top2")
@@ -452,7 +397,7 @@ def pool(states, mask, pooler):
 
 
 def encode_sentences(model, tok, sentences, pooler="cls", batch_size=128, id_lists=None):
-    """Sentence vectors [N, H] (float32, CPU) in eval mode: sorted by length to cut padding."""
+    """Sentence vectors [N, H] (float32, CPU) in eval mode, sorted by length to cut padding."""
     if pooler not in POOLERS:
         raise UserError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
     id_lists = id_lists or [tok.encode(s, model.cfg.max_position_embeddings) for s in sentences]
@@ -464,8 +409,7 @@ def encode_sentences(model, tok, sentences, pooler="cls", batch_size=128, id_lis
         for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
             ids, mask = (to_device(t, device) for t in tok.pad([id_lists[i] for i in idx]))  # [b, L]
-            states = model.encode(model.embed(ids), mask, all_layers=pooler != "cls",
-                                  cls_only=pooler == "cls")
+            states = model.encode(model.embed(ids), mask, pooler != "cls", cls_only=pooler == "cls")
             out[idx] = pool(states if pooler != "cls" else [states], mask, pooler).float().cpu()
     model.train(was_training)
     return out
@@ -483,10 +427,9 @@ def score_pairs(pred, gold):
 
 def evaluate_sts(model, tok, root, mode="test", pooler="cls", batch_size=128, tasks=None):
     """Spearman x 100 per task as the papers report it, plus details (Pearson, subsets, 'mean',
-    'wmean'). Each distinct sentence is encoded once. STS12-16 report 'all': the subsets concatenated,
-    one Spearman [SimCSE's SentEval fork]; STS-B and SICK-R report the mode's split (dev: SICK trial)."""
-    start = time.time()
-    tasks = tasks or load_sts(root, mode)
+    'wmean'). Each distinct sentence is encoded once. STS12-16 report 'all', the subsets joined
+    into one Spearman [SimCSE's SentEval fork]; STS-B, SICK-R the mode's split (dev: SICK trial)."""
+    start, tasks = time.time(), tasks or load_sts(root, mode)
     unique = sorted({s for subsets in tasks.values() for a, b, _ in subsets.values() for s in a + b})
     index = {s: i for i, s in enumerate(unique)}
     vectors = encode_sentences(model, tok, unique, pooler, batch_size)  # [N, H]
@@ -502,14 +445,11 @@ def evaluate_sts(model, tok, root, mode="test", pooler="cls", batch_size=128, ta
             spearman = np.array([scores[n]["spearman"] for n in subsets])
             scores["mean"] = float(spearman.mean())
             scores["wmean"] = float((spearman * sizes).sum() / sizes.sum())
-            results[task] = scores["all"]["spearman"]
-        else:
-            results[task] = scores[mode]["spearman"]
+        results[task] = scores["all" if task in STS_YEARS else mode]["spearman"]
         details[task] = scores
     if mode == "test" and len(results) == len(TEST_TASKS):  # of the printed values [official]
         results["Avg"] = float(np.mean([round(results[t], 2) for t in TEST_TASKS]))
-    details["seconds"] = round(time.time() - start, 2)
-    details["sentences_encoded"] = len(unique)
+    details.update(seconds=round(time.time() - start, 2), sentences_encoded=len(unique))
     return {**{k: float(v) for k, v in results.items()}, "details": details}
 
 
@@ -520,35 +460,9 @@ def format_table(results):
     return head + "\n" + " | ".join(f"{results[k]:7.2f}" for k in keys)
 
 
-POSITIVE_GOLD = 4.0  # pairs with gold > 4 are the positive pairs [SimCSE §5 fn. 3; DiffCSE Table 11]
-
-
-def alignment(x, y):  # x, y [N, H] positive pairs -> E ||x - y||^2, L2-normalised (lower is better)
-    x, y = F.normalize(x.double(), dim=-1), F.normalize(y.double(), dim=-1)
-    return (x - y).pow(2).sum(-1).mean().item()  # [Wang & Isola 2020, Eq. 2]; NaN without a pair
-
-
-def uniformity(x):  # x [N, H] -> log E exp(-2 ||x_i - x_j||^2) over pairs i < j (lower is better)
-    x = F.normalize(x.double(), dim=-1)
-    return torch.pdist(x).pow(2).mul(-2).exp().mean().log().item()  # i < j only [Wang & Isola]
-
-
-def align_uniform(a, b, gold, distinct):  # a, b [N, H] pairs, gold [N], distinct [M, H]
-    positive = torch.as_tensor(np.asarray(gold) > POSITIVE_GOLD)  # [N] bool
-    return alignment(a[positive], b[positive]), uniformity(distinct)
-
-
-def distinct_indices(sentences):
-    """The first index of each distinct sentence: uniformity counts a repeated sentence once."""
-    first = {}
-    for i, s in enumerate(sentences):
-        first.setdefault(s, i)
-    return sorted(first.values())
-
-
 class DevSet:
-    """STS-B dev, tokenized once: the fast checkpoint-selection score of training (3,000 sentences).
-    `score` also leaves (alignment, uniformity) of the same vectors in `align_uniform`."""
+    """STS-B dev, tokenized once: training's checkpoint-selection score (3,000 sentences). `score`
+    also leaves alignment and uniformity of the same vectors in `align_uniform` (Part 3)."""
 
     def __init__(self, tok, root, max_len=512):
         a, b, self.gold = load_sts(root, "dev")["STSBenchmark"]["dev"]
@@ -557,12 +471,12 @@ class DevSet:
 
     def score(self, model):
         vectors = encode_sentences(model, self.tok, None, "cls", 256, id_lists=self.ids)  # [3000, H]
-        n = len(self.gold)
-        self.align_uniform = align_uniform(vectors[:n], vectors[n:], self.gold, vectors[self.distinct])
-        return float(100 * scipy.stats.spearmanr(cosine(vectors[:n], vectors[n:]), self.gold)[0])
+        a, b = vectors[:len(self.gold)], vectors[len(self.gold):]  # [1500, H] each
+        self.align_uniform = align_uniform(a, b, self.gold, vectors[self.distinct])
+        return float(100 * scipy.stats.spearmanr(cosine(a, b), self.gold)[0])
 
 
-# --- Loop pieces: seed, flags, precision, optimizer, one global batch over processes, the run -------
+# --- Loop pieces: seed, flags, precision, optimizer, one global batch over processes, the run -----
 
 def set_seed(seed):
     random.seed(seed)
@@ -570,26 +484,9 @@ def set_seed(seed):
     torch.manual_seed(seed)
 
 
-def parse_args(config_cls, argv=None):
-    """Dataclass fields -> `--name value` flags (booleans also bare: `--compile`); each field's
-    trailing comment is its --help text."""
-    helps = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.+)$", inspect.getsource(config_cls), re.M))
-    doc = (sys.modules[config_cls.__module__].__doc__ or "").split("\n")[0]
-    parser = OneLineErrors(description=doc, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    for f in dataclasses.fields(config_cls):
-        kind = {"bool": parse_bool, "int": int, "float": float}.get(str(getattr(f.type, "__name__",
-                                                                                f.type)), str)
-        switch = dict(nargs="?", const=True) if kind is parse_bool else {}
-        parser.add_argument(f"--{f.name}", type=kind, default=f.default, help=helps.get(f.name, " "),
-                            **switch)
-    return config_cls(**vars(parser.parse_args(argv)))
-
-
 def autocast(device):
     """bf16 autocast on CUDA (no grad scaler needed); plain fp32 elsewhere [nanoGPT]."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    return torch.autocast("cuda", torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def upcast(x):
@@ -599,38 +496,34 @@ def upcast(x):
 
 def make_optimizer(params, lr, total_steps, device):
     """AdamW (wd 0, betas 0.9/0.999, eps 1e-8), linear decay to 0, no warm-up [official: HF Trainer]."""
-    params = [p for p in params if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                            fused=device.type == "cuda")
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: max(0.0, 1 - step / total_steps))
-    return opt, sched
+    opt = torch.optim.AdamW([p for p in params if p.requires_grad], lr=lr, betas=(0.9, 0.999),
+                            eps=1e-8, weight_decay=0.0, fused=device.type == "cuda")
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda step: max(0.0, 1 - step / total_steps))
 
 
 def optimizer_step(loss, opt, sched, max_grad_norm=1.0):
     """backward, clip the global gradient norm at 1.0 [official: HF Trainer], step, zero."""
     loss.backward()
-    params = [p for group in opt.param_groups for p in group["params"]]
-    torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], max_grad_norm)
     opt.step()
     sched.step()
     opt.zero_grad(set_to_none=True)
 
 
-# Multi-GPU (`torchrun --nproc_per_node N X_min.py ...`; setup in Part 2): --batch_size stays the global
-# batch. Every process reads the same batch, encodes its share (shard), and the losses see the whole
-# batch (all_gather): negatives, queue and BatchNorm statistics are those of one process. One process:
-# shard and all_gather return their input, and nothing else changes.
+# Multi-GPU (`torchrun --nproc_per_node N X_min.py ...`, set up in Part 2): --batch_size stays the
+# global batch. Every process reads the same batch, encodes its share (shard), and the losses see
+# the whole batch (all_gather): negatives, queue and BatchNorm statistics are those of one process.
+# One process: shard and all_gather return their input.
 
 def world():
     """(rank, number of processes); (0, 1) without a process group."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    on = dist.is_available() and dist.is_initialized()
+    return (dist.get_rank(), dist.get_world_size()) if on else (0, 1)
 
 
 def shard(x, views=1):
-    """This process's rows of a global batch. x [views*B, ...] holds `views` blocks of B rows,
-    view-major -> [views*b, ...], b = B/N: rank r takes rows r*b..(r+1)*b of every block."""
+    """This process's rows of a global batch: x [views*B, ...], `views` blocks of B rows, view-major
+    -> [views*b, ...], b = B/N: rank r takes rows r*b..(r+1)*b of every block."""
     rank, size = world()
     blocks = x.unflatten(0, (views, -1))  # [views, B, ...]
     b = blocks.size(1) // size
@@ -638,11 +531,10 @@ def shard(x, views=1):
 
 
 class _AllGather(torch.autograd.Function):
-    """[views, b, ...] on each rank -> [views, N*b, ...], rank order, on every rank; differentiable.
-    Backward: every rank's loss is the whole-batch loss L, so rank r's gradient is dL/d(its rows), a
-    slice of the gathered gradient, summed over ranks: DDP then averages parameter gradients over N,
-    and the sum cancels that average, so one step equals one process's step on the whole batch.
-    [impl] tests/test_ddp.py checks this against one process; without the sum a step moves 1/N."""
+    """[views, b, ...] on each rank -> [views, N*b, ...], rank order, everywhere; differentiable.
+    Backward: each rank's loss is the whole-batch loss L, so rank r's gradient is its slice of dL,
+    summed over ranks: DDP then averages parameter gradients over N, which the sum cancels, so one
+    step equals one process's step on the whole batch. [impl] tests/test_ddp.py checks this."""
 
     @staticmethod
     def forward(ctx, x):
@@ -667,22 +559,22 @@ def all_gather(x, views=1):
 
 
 class Run:
-    """One training run's bookkeeping for train(): the checked inputs, the log, model and data, STS-B
-    dev evaluation, the best state, and at the end the test table, results.json and the saved model.
+    """One training run's bookkeeping for train(): checked inputs, the log, model and data, STS-B dev
+    evaluation, the best state, and at the end the test table, results.json and the saved model.
     The loop itself, with its evaluation schedule, checkpoints and stops, is in each train()."""
 
     def __init__(self, cfg, script, models=("model",)):
         method = Path(script).stem.removesuffix("_min")  # simcse, esimcse, simcsepp or diffcse
         cfg.out_dir = cfg.out_dir or f"runs/{method}"
-        self.cfg, self.method, self.log_lines = cfg, method, []  # log lines wait for start()
+        self.cfg, self.method, self.log_lines = cfg, method, []  # the log waits for start()
         self.resumed = read_resumed_run(cfg, method)  # --resume: the checkpoint; its config into cfg
         self.device = init_distributed(resolve_device(cfg.device))  # under torchrun: this rank's
         self.rank, self.world_size = world()
         check_inputs(cfg, models, self.world_size)  # every flag and input; all problems in one line
-        set_seed(cfg.seed + self.rank)  # dropout masks; data order and views have their own generators
-        self.out, self.width, self.signal = Path(cfg.out_dir), None, 0
-        self.log(f"{method} | {script} sha256 {sha256_file(script)[:16]} | torch {torch.__version__} | "
-                 f"{self.device}" + (f" x {self.world_size} processes" if self.world_size > 1 else ""))
+        set_seed(cfg.seed + self.rank)  # dropout masks; data order and views have their own RNGs
+        self.out, self.width, self.signal, self.first_step = Path(cfg.out_dir), None, 0, 0
+        self.log(f"{method} | {script} sha256 {sha256_file(script)[:16]} | torch {torch.__version__}"
+                 f" | {self.device}" + (f" x {self.world_size} processes" if self.world_size > 1 else ""))
         self.log("config " + json.dumps(dataclasses.asdict(cfg)))
         with rank0_first():  # rank 0 downloads, the others read what it wrote
             self.senteval = resolve_senteval(cfg.senteval)
@@ -690,24 +582,21 @@ class Run:
         self.dev_history, self.stats_history, self.align_uniform = [], [], []
         self.best_dev, self.best_step, self.best_state = -math.inf, 0, None
         self.started = self.last_print = time.time()
-        self.first_step = 0  # a resumed run's first step (the pace counts from it)
 
     def log(self, msg):
         """Print, and append to out_dir/log.txt (held back until start() opens out_dir). Rank 0."""
-        if self.rank > 0:
-            return
-        print(msg, flush=True)
-        if self.log_lines is not None:
-            return self.log_lines.append(msg)
-        with open(self.out / "log.txt", "a", encoding="utf-8") as f:
-            f.write(msg + "\n")
+        if self.rank == 0:
+            print(msg, flush=True)
+            if self.log_lines is not None:
+                return self.log_lines.append(msg)
+            with open(self.out / "log.txt", "a", encoding="utf-8") as f:
+                f.write(msg + "\n")
 
     def load_model(self, mlm_head=False):
         with rank0_first():  # a download happens once
             tok = Tokenizer.from_pretrained(self.cfg.model)
-            model = Bert.from_pretrained(self.cfg.model, mlm_head=mlm_head, dropout=self.cfg.dropout,
-                                         quiet=self.rank > 0)
-        check_model(self.cfg.model, tok, model, self.cfg.max_len)
+            model = Bert.from_pretrained(self.cfg.model, mlm_head, self.cfg.dropout, self.rank > 0)
+        check_model(self.cfg.model, tok, model, self.cfg.max_len)  # Part 2: parts that disagree
         self.tok = tok
         return tok, model.to(self.device)
 
@@ -716,13 +605,13 @@ class Run:
         with rank0_first():  # rank 0 tokenizes and writes the token cache, the others read it
             data, seconds, hit = tokenize_file(tok, resolve_data(self.cfg.data), self.cfg.max_len)
         if one_column and data.cols != 1:
-            raise UserError(f"{self.cfg.data} has {data.cols} columns: {self.method} is unsupervised, "
-                            f"give one sentence a line (supervised SimCSE is simcse_min.py)")
+            raise UserError(f"{self.cfg.data} has {data.cols} columns: {self.method} is unsupervised,"
+                            f" give one sentence a line (supervised SimCSE is simcse_min.py)")
         self.log(f"data {self.cfg.data}: {len(data)} rows x {data.cols} column(s), "
                  + ("read from the token cache" if hit else "tokenized") + f" in {seconds:.1f}s")
         self.dev = DevSet(tok, self.senteval) if self.rank == 0 else None  # rank 0 evaluates
-        self.log("evaluation: STS-B dev Spearman; align/uniform: alignment (dev pairs with gold > 4) "
-                 "and uniformity (distinct dev sentences) of the same [CLS] vectors")
+        self.log("evaluation: STS-B dev Spearman; align/uniform: alignment (dev pairs with gold > 4)"
+                 " and uniformity (distinct dev sentences) of the same [CLS] vectors")
         return data
 
     def total_steps(self, n_rows):
@@ -731,15 +620,13 @@ class Run:
         if self.per_epoch == 0:
             raise UserError(f"the data has {n_rows} rows, fewer than one batch of "
                             f"{self.cfg.batch_size}")
-        self.total = self.per_epoch * self.cfg.epochs
-        if self.cfg.max_steps > 0:
-            self.total = min(self.total, self.cfg.max_steps)
+        self.total = min(self.per_epoch * self.cfg.epochs, self.cfg.max_steps or math.inf)
         return self.total
 
     def compile(self, model):
-        """--compile: torch.compile the encoder in place (Module.compile keeps the parameter names, so
-        states and saves have no `_orig_mod.` prefix). On CUDA, CUDA graphs want static shapes:
-        training batches are then padded to max_len. Evaluation calls model.encode and stays eager."""
+        """--compile: torch.compile the encoder in place (Module.compile keeps the parameter names).
+        On CUDA, CUDA graphs want static shapes: batches are padded to max_len. model.encode (the
+        evaluation) stays eager."""
         if self.cfg.compile:
             self.width = self.cfg.max_len
             model.compile(mode="reduce-overhead" if self.device.type == "cuda" else None)
@@ -747,8 +634,8 @@ class Run:
         return model
 
     def start(self, saved):
-        """Open out_dir (the log so far goes in), catch Ctrl-C/SIGTERM, and return the first step: 0,
-        or the --resume checkpoint's step, with every object in `saved` as it was then (Part 2)."""
+        """Open out_dir (the log so far goes in), catch Ctrl-C/SIGTERM, and return the first step:
+        0, or the --resume checkpoint's step, every object in `saved` as it was then (Part 2)."""
         open_out_dir(self)
         catch_signals(self)
         return restore_checkpoint(self, saved) if self.resumed else 0
@@ -758,7 +645,7 @@ class Run:
         return wrap_ddp(module, self.device)
 
     def batches(self, data, tok, start):
-        """ids, mask [B, C, L] for steps start+1 .. total: a fresh shuffle every epoch."""
+        """ids, mask [B, C, L] for steps start+1 .. total, a fresh shuffle every epoch."""
         for step in range(start, self.total):
             epoch, position = divmod(step, self.per_epoch)
             if position == 0 or step == start:
@@ -767,36 +654,30 @@ class Run:
 
     def log_progress(self, step, stats):
         """A progress line about every 10 seconds between evaluations."""
-        if self.rank == 0 and time.time() - self.last_print > 10:
+        if time.time() - self.last_print > 10:
             self.last_print, rate = time.time(), (step - self.first_step) / (time.time() - self.started)
-            self.log(f"step {step}/{self.total} | loss {float(stats['loss']):.4f}{self.extra(stats)} | "
-                     f"{rate:.2f} steps/s | eta {(self.total - step) / rate / 60:.1f} min")
-
-    @staticmethod
-    def extra(stats):
-        return "".join(f" | {k} {float(v):.4f}" for k, v in stats.items() if k != "loss")
+            self.log(f"step {step}/{self.total} | {_stats(stats)} | {rate:.2f} steps/s | eta "
+                     f"{(self.total - step) / rate / 60:.1f} min")
 
     def evaluate(self, step, model, stats):
-        """STS-B dev Spearman of the raw [CLS] (no head), logged with alignment and uniformity; rank 0
-        evaluates (NaN on the others). `stats` are the last training step's."""
+        """STS-B dev Spearman of the raw [CLS] (no head), logged with alignment and uniformity; rank
+        0 evaluates (NaN on the others). `stats` are the last training step's."""
         if self.rank > 0:
             return math.nan
         dev = self.dev.score(unwrap(model))
         align, uniform = self.dev.align_uniform
-        stats = {k: float(v) for k, v in stats.items()}
         self.dev_history.append([step, round(dev, 4)])
         self.align_uniform.append([step, _finite(align), _finite(uniform)])
-        self.stats_history.append([step, stats])
+        self.stats_history.append([step, {k: float(v) for k, v in stats.items()}])
         best, at = (dev, step) if dev > self.best_dev else (self.best_dev, self.best_step)
         seconds, steps = time.time() - self.started, step - self.first_step
         pace = f"{1000 * seconds / steps:.0f} ms/step" if steps else f"start-up {seconds:.1f} s"
-        loss = f"{stats['loss']:.4f}" if "loss" in stats else "-"  # step 0: before any training
-        self.log(f"step {step} | loss {loss}{self.extra(stats)} | stsb_dev {dev:.2f} | align "
-                 f"{align:.4f} uniform {uniform:.4f} | best {best:.2f} @ {at} | {pace}")
+        self.log(f"step {step} | {_stats(stats)} | stsb_dev {dev:.2f} | align {align:.4f} uniform "
+                 f"{uniform:.4f} | best {best:.2f} @ {at} | {pace}")
         return dev
 
     def keep_best(self, step, dev, model):
-        """The best state so far, kept in memory: the test table and the saved model use it."""
+        """The best state so far, in memory: the test table and the saved model use it."""
         self.best_dev, self.best_step = dev, step
         self.best_state = {k: v.detach().clone() for k, v in unwrap(model).state_dict().items()}
 
@@ -833,100 +714,32 @@ class Run:
         return TrainingStopped(f"{msg}; the best model so far (step {self.best_step}) is in {self.out}")
 
 
+def _stats(stats):  # "loss 0.1234 | rtd 0.5678"; step 0, before any training: "loss -"
+    return " | ".join(f"{k} {float(v):.4f}" for k, v in stats.items()) or "loss -"
+
+
 def _finite(x, digits=6):
     return round(x, digits) if math.isfinite(x) else None  # JSON has no NaN
 
 
 # ==================================================================================================
-# Part 2: operations. Safe to skip when learning: files, downloads, input checks, resumable runs and
-# torchrun, which make the project safe and pleasant to run. Part 1 calls them by name.
+# Part 2: operations, safe to skip when learning: files, downloads, input checks, resumable runs,
+# torchrun. They make the project safe and pleasant to run; Part 1 calls them by name.
 # ==================================================================================================
+import gc
+import hashlib
+import http.client
+import multiprocessing
+import os
+import shutil
+import signal
+import tarfile
+import tempfile
+import threading
+import urllib.error
+import urllib.request
 
-# --- Safetensors, JSON and Hugging Face model folders -----------------------------------------------
-
-SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-                      "F64": torch.float64, "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}
-MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
-
-
-def read_safetensors(path):
-    """Parse a .safetensors file: 8-byte little-endian header size, JSON header, raw tensor bytes.
-    Every size and offset is checked against the file before anything is allocated, so a corrupt or
-    hostile file gives a CheckpointError, never a crash or a huge allocation."""
-    def bad(why):
-        return CheckpointError(f"{path}: not a valid safetensors file: {why}")
-
-    if not Path(path).is_file():
-        raise CheckpointError(f"{path} is missing or not a file")
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        prefix = f.read(8)
-        if len(prefix) < 8:
-            raise bad(f"{size} bytes, too short to hold the 8-byte header size (truncated?)")
-        n = int.from_bytes(prefix, "little")
-        if n > min(size - 8, MAX_HEADER_BYTES):
-            raise bad(f"the header claims {n} bytes but the file has {size - 8} after the size field "
-                      f"(truncated?)")
-        try:
-            header = json.loads(f.read(n).decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError) as e:
-            raise bad(f"the header is not valid JSON ({type(e).__name__})") from None
-        data = memoryview(f.read())
-    if not isinstance(header, dict) or not isinstance(header.get("__metadata__", {}), dict):
-        raise bad("the header (or its __metadata__) is not a JSON object")
-    spans = sorted(_tensor_span(name, info, len(data), bad) for name, info in header.items()
-                   if name != "__metadata__")
-    end = 0
-    for start, stop, name in spans:
-        if start != end:
-            raise bad(f"tensor {name[:80]!r} starts at byte {start}, expected {end} (overlap or gap)")
-        end = stop
-    if end != len(data):
-        raise bad(f"the tensors cover {end} of {len(data)} data bytes")
-    tensors = {}
-    for start, stop, name in spans:
-        dtype = SAFETENSORS_DTYPES[header[name]["dtype"]]
-        raw = bytearray(data[start:stop])  # a copy: aligned and writable
-        t = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
-        tensors[name] = t.reshape(header[name]["shape"])
-    return tensors
-
-
-def _tensor_span(name, info, n_bytes, bad):
-    """One header entry, checked -> (start, stop, name). Reprs are cut: no megabyte messages."""
-    what = f"tensor {name[:80]!r}"
-    dtype = info.get("dtype") if isinstance(info, dict) else None
-    if not (isinstance(dtype, str) and dtype in SAFETENSORS_DTYPES):
-        raise bad(f"{what}: dtype {repr(dtype)[:20]} is not one of {sorted(SAFETENSORS_DTYPES)}")
-    shape, offsets = info.get("shape"), info.get("data_offsets")
-    if not (isinstance(shape, list) and len(shape) <= 64
-            and all(type(d) is int and 0 <= d < 2**62 for d in shape)):
-        raise bad(f"{what}: bad shape {repr(shape)[:80]}")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
-            and 0 <= offsets[0] <= offsets[1] <= n_bytes):
-        raise bad(f"{what}: data offsets {repr(offsets)[:80]} fall outside the {n_bytes} data bytes "
-                  f"(truncated?)")
-    if math.prod(shape) * SAFETENSORS_DTYPES[dtype].itemsize != offsets[1] - offsets[0]:
-        raise bad(f"{what}: shape {shape} does not fit its {offsets[1] - offsets[0]} bytes")
-    return offsets[0], offsets[1], name
-
-
-def write_safetensors(path, tensors, metadata=None):
-    """Write tensors in the safetensors format (header padded to a multiple of 8 bytes), atomically."""
-    names = {v: k for k, v in SAFETENSORS_DTYPES.items()}
-    header, offset = {"__metadata__": {"format": "pt", **(metadata or {})}}, 0
-    tensors = {k: t.detach().contiguous().cpu() for k, t in tensors.items()}
-    for name, t in tensors.items():
-        nbytes = t.numel() * t.element_size()
-        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
-    with atomic_write(path, "wb") as f:
-        f.write(len(blob).to_bytes(8, "little") + blob)
-        for t in tensors.values():  # reshape: a 0-dim tensor has no byte view
-            f.write(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+# --- Files: atomic writes, JSON, safetensors ----------------------------------------------------
 
 
 @contextlib.contextmanager
@@ -946,36 +759,98 @@ def atomic_write(path, mode="w"):
         raise
 
 
-def write_json(path, obj):
+def write_json(path, obj, indent=2):
     """Strict JSON (no NaN or Infinity tokens), written atomically."""
     with atomic_write(path) as f:
-        json.dump(obj, f, indent=2, allow_nan=False)
+        json.dump(obj, f, indent=indent, allow_nan=False)
 
 
 def read_json(path, what):
     """A JSON file, or a one-line CheckpointError saying what is wrong with it."""
-    path = Path(path)
-    if not path.is_file():
+    if not Path(path).is_file():
         raise CheckpointError(f"{what} ({path}) is missing")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(Path(path).read_text(encoding="utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise CheckpointError(f"{what} ({path}) is not valid JSON ({type(e).__name__})") from None
 
 
+DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
+          "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}
+
+
+def read_safetensors(path):
+    """A .safetensors file (8-byte header size, JSON header, raw bytes) -> {name: tensor}. Every size
+    and offset is checked before anything is allocated: a hostile file is a CheckpointError."""
+    def bad(why):
+        return CheckpointError(f"{path}: not a valid safetensors file: {why}")
+    if not Path(path).is_file():
+        raise CheckpointError(f"{path} is missing or not a file")
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < 8:
+        raise bad(f"{len(data)} bytes, too short to hold the 8-byte header size (truncated?)")
+    n = int.from_bytes(data[:8], "little")
+    if n > min(len(data) - 8, 100_000_000):  # the safetensors library's own limit
+        raise bad(f"the header claims {n} bytes but the file has {len(data) - 8} after the size field"
+                  f" (truncated?)")
+    try:
+        header = json.loads(data[8:8 + n].decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise bad(f"the header is not valid JSON ({type(e).__name__})") from None
+    if not isinstance(header, dict) or not isinstance(header.pop("__metadata__", {}), dict):
+        raise bad("the header (or its __metadata__) is not a JSON object")
+    body, spans, end = memoryview(data)[8 + n:], [], 0
+    for name, info in header.items():
+        info = info if isinstance(info, dict) else {}
+        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        lo, hi = offsets if isinstance(offsets, list) and len(offsets) == 2 else (None, None)
+        ok = isinstance(dtype, str) and dtype in DTYPES and isinstance(shape, list) and len(shape) <= 64 \
+            and all(type(d) is int and 0 <= d < 2**62 for d in [*shape, lo, hi]) and lo <= hi <= len(body)
+        if not ok or math.prod(shape) * DTYPES[dtype].itemsize != hi - lo:
+            raise bad(f"tensor {name[:80]!r}: dtype, shape or data offsets {repr(info)[:120]} fall "
+                      f"outside or do not fit the {len(body)} data bytes")
+        spans.append((lo, hi, name, DTYPES[dtype], shape))
+    for lo, hi, name, _, _ in sorted(spans, key=lambda s: s[:2]):
+        if lo != end:
+            raise bad(f"tensor {name[:80]!r} starts at byte {lo}, expected {end} (overlap or gap)")
+        end = hi
+    if end != len(body):
+        raise bad(f"the tensors cover {end} of {len(body)} data bytes")
+    return {name: torch.frombuffer(bytearray(body[lo:hi]), dtype=dtype).reshape(shape) if hi > lo
+            else torch.empty(shape, dtype=dtype) for lo, hi, name, dtype, shape in spans}
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """Tensors in the safetensors format (header padded to 8 bytes), written atomically."""
+    names, offset = {v: k for k, v in DTYPES.items()}, 0
+    tensors, header = {k: t.detach().contiguous().cpu() for k, t in tensors.items()}, {}
+    for name, t in tensors.items():
+        size = t.numel() * t.element_size()
+        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps({"__metadata__": {"format": "pt", **(metadata or {})}, **header}).encode()
+    blob += b" " * (-len(blob) % 8)
+    with atomic_write(path, "wb") as f:
+        f.write(len(blob).to_bytes(8, "little") + blob)
+        for t in tensors.values():  # reshape: a 0-dim tensor has no byte view
+            f.write(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+
+
+# --- Hugging Face model folders: vocabulary, config, weights, names -----------------------------
+
 def read_vocab(folder):
     """vocab.txt (token -> line number) and tokenizer_config.json ({} if absent) of a model folder."""
-    if not (folder / "vocab.txt").is_file():
-        raise CheckpointError(f"{folder} has no vocab.txt: not a BERT (WordPiece) model folder")
     try:
         text = (folder / "vocab.txt").read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CheckpointError(f"{folder} has no vocab.txt: not a BERT (WordPiece) model folder") from None
     except UnicodeDecodeError as e:
         raise CheckpointError(f"{folder}/vocab.txt is not UTF-8 (byte {e.start})") from None
     vocab = {line.rstrip("\r"): i for i, line in enumerate(text.removesuffix("\n").split("\n"))}
-    missing = [t for t in SPECIAL_TOKENS if t not in vocab]
-    if missing:
-        raise CheckpointError(f"{folder}/vocab.txt lacks the special tokens {missing}: not a BERT "
-                              f"vocabulary")
+    if any(t not in vocab for t in SPECIAL_TOKENS):
+        raise CheckpointError(f"{folder}/vocab.txt lacks special tokens {SPECIAL_TOKENS}: not BERT's")
     path = folder / "tokenizer_config.json"
     config = read_json(path, "tokenizer_config.json") if path.exists() else {}
     if not isinstance(config, dict):
@@ -983,58 +858,53 @@ def read_vocab(folder):
     return vocab, config
 
 
-def read_pretrained(folder):
-    """config.json -> BertConfig (checked) and the weights, whose size must match it before the model
-    is allocated (a hostile config.json must not exhaust memory) -> (cfg, tensors, model_type)."""
+DISTILBERT_CONFIG = {"dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads":
+                     "num_attention_heads", "hidden_dim": "intermediate_size", "dropout":
+                     "hidden_dropout_prob", "attention_dropout": "attention_probs_dropout_prob",
+                     "activation": "hidden_act", "sinusoidal_pos_embds": "sinusoidal"}
+
+
+def read_model_folder(folder):
+    """config.json -> a checked BertConfig, and the weights, whose size must fit it before the model is
+    allocated (a hostile config.json must not exhaust memory) -> (cfg, tensors, model_type)."""
     if not (folder / "config.json").exists():
         raise CheckpointError(f"{folder} has no config.json: not a Hugging Face model folder")
     hf = read_json(folder / "config.json", "the model's config.json")
     if not isinstance(hf, dict):
         raise CheckpointError(f"{folder}: config.json is not a JSON object")
-    cfg, tensors = bert_config_from_hf(hf, folder), read_weights(folder)
-    stored = sum(t.numel() for t in tensors.values())
-    if cfg.n_params() > stored:
-        raise CheckpointError(f"{folder}: config.json describes a model of {cfg.n_params():,} "
-                              f"parameters but the weights file holds {stored:,} numbers: they do "
-                              f"not belong together")
-    return cfg, tensors, hf.get("model_type", "bert")
-
-
-def bert_config_from_hf(hf, folder):
-    """A Hugging Face config.json dict (BERT or DistilBERT) -> BertConfig, or a CheckpointError."""
-    try:
-        if hf.get("model_type") == "distilbert":
-            hf = dict(vocab_size=hf["vocab_size"], hidden_size=hf["dim"], num_hidden_layers=hf["n_layers"],
-                      num_attention_heads=hf["n_heads"], intermediate_size=hf["hidden_dim"],
-                      max_position_embeddings=hf["max_position_embeddings"], type_vocab_size=0,
-                      hidden_dropout_prob=hf["dropout"], attention_probs_dropout_prob=hf[
-                          "attention_dropout"], pad_token_id=hf.get("pad_token_id", 0),
-                      hidden_act=hf.get("activation", "gelu"),
-                      sinusoidal=hf.get("sinusoidal_pos_embds", False))
-    except KeyError as e:
-        raise CheckpointError(f"{folder}: config.json lacks {e}") from None
+    kind = hf.get("model_type", "bert")
+    lacking = [k for k in [*DISTILBERT_CONFIG][:6] + ["vocab_size", "max_position_embeddings"]
+               if kind == "distilbert" and k not in hf]
+    if lacking:
+        raise CheckpointError(f"{folder}: config.json lacks {lacking}")
+    if kind == "distilbert":
+        hf = {DISTILBERT_CONFIG.get(k, k): v for k, v in hf.items()} | {"type_vocab_size": 0}
     if hf.get("hidden_act", "gelu") != "gelu" or hf.get("sinusoidal") or \
             hf.get("position_embedding_type", "absolute") != "absolute":
-        raise CheckpointError("only BERT/DistilBERT with GELU and learned absolute positions is "
-                              "supported")
+        raise CheckpointError("only BERT/DistilBERT with GELU and learned absolute positions is supported")
     cfg = BertConfig(**{f.name: hf[f.name] for f in dataclasses.fields(BertConfig) if f.name in hf})
     values = dataclasses.asdict(cfg)
     bad = [k for k, v in values.items() if k.endswith(("_size", "_layers", "_heads", "_embeddings"))
            and not (type(v) is int and v >= (k != "type_vocab_size"))]  # 0 types: DistilBERT
-    bad += [k for k, v in values.items() if k.endswith("_prob")
-            and not (type(v) in (int, float) and 0 <= v < 1)]
-    if not bad and cfg.hidden_size % cfg.num_attention_heads:
-        bad = ["hidden_size", "num_attention_heads"]  # the heads must split the width evenly
+    bad += [k for k, v in values.items() if k.endswith("_prob") and not (type(v) in (int, float)
+                                                                         and 0 <= v < 1)]
+    if not bad and cfg.hidden_size % cfg.num_attention_heads:  # the heads must split the width
+        bad = ["hidden_size", "num_attention_heads"]
     if not bad and not (type(cfg.pad_token_id) is int and 0 <= cfg.pad_token_id < cfg.vocab_size):
         bad = ["pad_token_id"]
     if bad:
         raise CheckpointError(f"{folder}: config.json has unusable values: "
                               + ", ".join(f"{k}={values[k]!r}" for k in bad[:4]))
-    return cfg
+    tensors = read_weights(folder)
+    stored = sum(t.numel() for t in tensors.values())
+    if cfg.n_params() > stored:
+        raise CheckpointError(f"{folder}: config.json describes {cfg.n_params():,} parameters but the "
+                              f"weights file holds {stored:,} numbers: they do not belong together")
+    return cfg, tensors, kind
 
 
 def read_weights(folder):
-    """Tensors of a model folder: model.safetensors, else pytorch_model.bin (never unpickling code)."""
+    """model.safetensors, else pytorch_model.bin read with weights_only (never unpickling code)."""
     if (folder / "model.safetensors").exists():
         return read_safetensors(folder / "model.safetensors")
     if not (folder / "pytorch_model.bin").exists():
@@ -1042,7 +912,7 @@ def read_weights(folder):
     try:
         return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
     except Exception as e:  # weights_only refuses anything but tensors and plain containers
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = (str(e).strip() or type(e).__name__).splitlines()[0]
         raise CheckpointError(f"{folder}/pytorch_model.bin cannot be loaded safely (weights only): "
                               f"{first}") from None
 
@@ -1061,14 +931,14 @@ RENAMES = {  # our module: (Hugging Face BERT's, DistilBERT's); one table, read 
     "mlm": ("cls.predictions", "vocab_projector"),  # the MLM bias
 }
 TIED = {"cls.predictions.decoder.weight", "vocab_projector.weight"}  # = the word embeddings
-SKIPPED = {"embeddings.position_ids", "cls.predictions.decoder.bias"}  # a buffer; an alias of the bias
+SKIPPED = {"embeddings.position_ids", "cls.predictions.decoder.bias"}  # a buffer; the bias again
 
 
 def hf_to_ours(key, model_type):
     """A Hugging Face checkpoint key -> our parameter name, or None if our model has no such tensor."""
     key = re.sub(r"^(bert|distilbert)\.", "", key)
-    key = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", re.sub(r"LayerNorm\.beta$", "LayerNorm.bias",
-                                                                  key))  # legacy names [HF #11809]
+    key = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", key)  # legacy names [HF #11809]
+    key = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", key)
     theirs = {names[model_type == "distilbert"]: ours for ours, names in RENAMES.items()}
     m = re.fullmatch(r"(?:encoder|transformer)\.layer\.(\d+)\.(.+)\.(weight|bias)", key)
     if m:
@@ -1076,7 +946,7 @@ def hf_to_ours(key, model_type):
     module, _, param = key.rpartition(".")
     if module.startswith("embeddings."):
         return key  # the embeddings keep their Hugging Face names
-    return f"{theirs[module]}.{param}" if module in theirs and module.startswith(("cls", "vocab")) \
+    return f"{theirs[module]}.{param}" if module.startswith(("cls", "vocab")) and module in theirs \
         else None
 
 
@@ -1090,107 +960,92 @@ def ours_to_hf(name):
 
 
 def rename_checkpoint(tensors, model_type, model):
-    """Checkpoint tensors -> the model's names; every model tensor must be filled with the right
-    shape. Returns (state_dict, unused checkpoint keys); CheckpointError names what is missing."""
+    """Checkpoint tensors -> (state_dict in our names, unused keys); every model tensor filled with the
+    right shape, else a CheckpointError naming the missing or mismatched ones."""
     expected, state, unused = model.state_dict(), {}, set()
+    words = next((v for k, v in tensors.items() if k.endswith("embeddings.word_embeddings.weight")),
+                 None)
     for key, t in tensors.items():
-        bare = re.sub(r"^(bert|distilbert)\.", "", key)
-        if bare in TIED:
-            words = next(v for k, v in tensors.items() if k.endswith("embeddings.word_embeddings.weight"))
-            if model.mlm is not None and not torch.equal(t, words):
-                raise CheckpointError(f"{key} is not tied to the word embeddings; this BERT ties them")
-        elif bare not in SKIPPED:
-            ours = hf_to_ours(key, model_type)
-            if ours in expected:
-                state[ours] = t.to(expected[ours].dtype)
-            else:
-                unused.add(key)
+        bare, ours = re.sub(r"^(bert|distilbert)\.", "", key), hf_to_ours(key, model_type)
+        if bare in TIED and model.mlm is not None and (words is None or not torch.equal(t, words)):
+            raise CheckpointError(f"{key} is not tied to the word embeddings; this BERT ties them")
+        if ours in expected and bare not in TIED | SKIPPED:
+            state[ours] = t.to(expected[ours].dtype)
+        elif bare not in TIED | SKIPPED:
+            unused.add(key)
     missing = [k for k in expected if k not in state]
     if missing:
-        hint = " (the checkpoint has no masked-LM head: a masked language model is needed here, e.g. " \
-            "distilbert-base-uncased)" if all(k.startswith("mlm.") for k in missing) else ""
+        hint = " (the checkpoint has no masked-LM head: a masked language model is needed here, " \
+               "e.g. distilbert-base-uncased)" if all(k.startswith("mlm.") for k in missing) else ""
         raise CheckpointError(f"checkpoint is missing {len(missing)} tensors{hint}: "
                               f"{', '.join(missing[:8])}" + (" ..." if len(missing) > 8 else ""))
-    wrong = [f"{k} {tuple(state[k].shape)} != {tuple(expected[k].shape)}" for k in expected
-             if state[k].shape != expected[k].shape]
+    wrong = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in expected.items()
+             if state[k].shape != v.shape]
     if wrong:
         raise CheckpointError(f"checkpoint tensors do not match config.json: {'; '.join(wrong[:4])}")
     return state, unused
 
 
 def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
-    """A Hugging Face-style folder: transformers' BertModel and sentence-transformers (CLS pooling)
-    load it and give our vectors."""
-    folder, cfg, names = Path(folder), model.cfg, ("pad", "unk", "cls", "sep", "mask")
+    """A Hugging Face folder that transformers' BertModel and sentence-transformers (CLS pooling)
+    load with our vectors; written file by file, atomically."""
+    folder, cfg, mlm = Path(folder), model.cfg, model.mlm is not None
     (folder / "1_Pooling").mkdir(parents=True, exist_ok=True)
-    prefix = "bert." if model.mlm is not None else ""  # BertForMaskedLM keys with an MLM head
-    write_safetensors(folder / "model.safetensors", {
-        prefix * (not n.startswith("mlm.")) + ours_to_hf(n): t.to(dtype)
+    write_safetensors(folder / "model.safetensors", {  # BertForMaskedLM keys with an MLM head
+        "bert." * (mlm and not n.startswith("mlm.")) + ours_to_hf(n): t.to(dtype)
         for n, t in model.state_dict().items()})
-    specials = {f"{n}_token": t for n, t in zip(names, SPECIAL_TOKENS)}
-    files = {
-        "config.json": {"architectures": ["BertForMaskedLM" if model.mlm is not None else "BertModel"],
+    specials = {f"{n}_token": t for n, t in zip(("pad", "unk", "cls", "sep", "mask"), SPECIAL_TOKENS)}
+    strip = None if tokenizer.strip_accents == tokenizer.lower else tokenizer.strip_accents
+    st = "sentence_transformers.models."
+    for name, content in {
+        "config.json": {"architectures": ["BertForMaskedLM" if mlm else "BertModel"],
                         "model_type": "bert", **dataclasses.asdict(cfg), "hidden_act": "gelu",
                         "position_embedding_type": "absolute", "initializer_range": 0.02,
                         "torch_dtype": str(dtype).removeprefix("torch.")},
         "tokenizer_config.json": {"tokenizer_class": "BertTokenizer", "do_lower_case": tokenizer.lower,
-                                  "strip_accents": None if tokenizer.strip_accents == tokenizer.lower
-                                  else tokenizer.strip_accents,
-                                  "model_max_length": cfg.max_position_embeddings, **specials},
+                                  "strip_accents": strip, **specials,
+                                  "model_max_length": cfg.max_position_embeddings},
         "special_tokens_map.json": specials,
-        "modules.json": [{"idx": 0, "name": "0", "path": "",
-                          "type": "sentence_transformers.models.Transformer"},
-                         {"idx": 1, "name": "1", "path": "1_Pooling",
-                          "type": "sentence_transformers.models.Pooling"}],
+        "modules.json": [{"idx": 0, "name": "0", "path": "", "type": st + "Transformer"},
+                         {"idx": 1, "name": "1", "path": "1_Pooling", "type": st + "Pooling"}],
         "sentence_bert_config.json": {"max_seq_length": cfg.max_position_embeddings,
                                       "do_lower_case": False},
         "1_Pooling/config.json": {"word_embedding_dimension": cfg.hidden_size,
-                                  "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False,
-                                  "pooling_mode_max_tokens": False,
-                                  "pooling_mode_mean_sqrt_len_tokens": False},
-    }
-    for name, content in files.items():
+                                  **{f"pooling_mode_{m}": m == "cls_token" for m in (
+                                      "cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens")}},
+    }.items():
         write_json(folder / name, content)
     with atomic_write(folder / "vocab.txt") as f:
         f.write("".join(token + "\n" for token in tokenizer.vocab))
 
 
-# --- Resolving and downloading models and data ------------------------------------------------------
+# --- Resolving and downloading models and data --------------------------------------------------
 
 HF_ENDPOINT = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
 CACHE = Path(os.environ.get("SIMCSE_CACHE", Path.home() / ".cache" / "simcse-min"))
-_FILES = ["config.json", "vocab.txt", "tokenizer_config.json", "model.safetensors"]
-KNOWN_MODELS = {  # name -> files to fetch (the weights last: a folder with weights is complete)
-    "bert-base-uncased": _FILES, "bert-large-uncased": _FILES, "distilbert-base-uncased": _FILES,
-    "google/bert_uncased_L-4_H-256_A-4": ["config.json", "vocab.txt", "pytorch_model.bin"],
-    "sentence-transformers/all-MiniLM-L6-v2": _FILES,
-}
-DATASETS = "datasets/princeton-nlp/datasets-for-simcse/resolve/main"
-KNOWN_DATA = {"wiki1m_for_simcse.txt": f"{DATASETS}/wiki1m_for_simcse.txt",
-              "nli_for_simcse.csv": f"{DATASETS}/nli_for_simcse.csv",
-              "senteval.tar": f"{DATASETS}/senteval.tar"}
+_FILES = ["config.json", "vocab.txt", "tokenizer_config.json", "model.safetensors"]  # weights last
+KNOWN_MODELS = {"bert-base-uncased": _FILES, "bert-large-uncased": _FILES,
+                "distilbert-base-uncased": _FILES, "sentence-transformers/all-MiniLM-L6-v2": _FILES,
+                "google/bert_uncased_L-4_H-256_A-4": ["config.json", "vocab.txt", "pytorch_model.bin"]}
+_DATA = "datasets/princeton-nlp/datasets-for-simcse/resolve/main"
+KNOWN_DATA = {f: f"{_DATA}/{f}" for f in ("wiki1m_for_simcse.txt", "nli_for_simcse.csv", "senteval.tar")}
 DATA_ALIASES = {"wiki1m.txt": "wiki1m_for_simcse.txt"}  # the name the papers' READMEs use
 
 
 def hub_snapshot(name):
     """A complete snapshot of `name` in the Hugging Face cache, or None."""
     hub = Path(os.environ.get("HF_HUB_CACHE", Path.home() / ".cache" / "huggingface" / "hub"))
-    for snapshot in sorted(hub.glob(f"models--{str(name).replace('/', '--')}/snapshots/*")):
-        if (snapshot / "config.json").exists() and (snapshot / "vocab.txt").exists():
-            return snapshot
-    return None
+    return next((s for s in sorted(hub.glob(f"models--{str(name).replace('/', '--')}/snapshots/*"))
+                 if (s / "config.json").exists() and (s / "vocab.txt").exists()), None)
 
 
 def resolve_model(name_or_dir, flag="--model"):
     """A local folder, else the Hugging Face cache, else our cache, else a download of a known name."""
-    path = Path(name_or_dir).expanduser()
-    if path.is_dir():
-        return path
+    if Path(name_or_dir).expanduser().is_dir():
+        return Path(name_or_dir).expanduser()
     ours, files = CACHE / "models" / str(name_or_dir), KNOWN_MODELS.get(str(name_or_dir))
-    found = hub_snapshot(name_or_dir) or (ours if files and all((ours / f).exists() for f in files)
-                                          else None)
-    if found:
-        return found
+    if hub_snapshot(name_or_dir) or files and all((ours / f).exists() for f in files):
+        return hub_snapshot(name_or_dir) or ours
     if files is None:
         raise UserError(f"{flag} {name_or_dir!r} is neither a folder nor a known name "
                         f"({', '.join(KNOWN_MODELS)}); pass the path of a Hugging Face model folder")
@@ -1200,69 +1055,54 @@ def resolve_model(name_or_dir, flag="--model"):
 
 
 def download(url, dest, expected_sha256=None, flag="the path"):
-    """Fetch url to dest with a progress line, resuming a partial download, checking size and SHA-256
-    (`expected_sha256` or, for Hugging Face's large files, the ETag). A failed first download leaves
-    no empty folder behind; a cut one keeps its .part file for the next try."""
-    dest = Path(dest)
-    created = [p for p in (dest.parent, *dest.parent.parents) if not p.exists()]  # deepest first
+    """url -> dest with a progress line, resuming a .part file and checking size and SHA-256 (given, or
+    Hugging Face's ETag). A failed download leaves no empty folder; a cut one keeps its .part."""
+    dest, created = Path(dest), [p for p in (Path(dest).parent, *Path(dest).parents) if not p.exists()]
     dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    have, done, total = part.stat().st_size if part.exists() else 0, 0, 0
     try:
-        return _fetch(url, dest, dest.with_name(dest.name + ".part"), expected_sha256, flag)
-    except BaseException:
+        try:
+            request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+            response = urllib.request.urlopen(request, timeout=60)
+        except urllib.error.HTTPError as e:
+            if e.code != 416:  # 416: nothing left to fetch, the part file is complete
+                raise UserError(f"download of {url} failed: HTTP {e.code} {e.reason}") from None
+            response = None
+        except (urllib.error.URLError, OSError) as e:
+            raise UserError(f"cannot download {url} ({getattr(e, 'reason', e)}): you seem to be "
+                            f"offline; fetch it where there is internet and pass its path with {flag}"
+                            ) from None
+        if response is not None:
+            with response, open(part, "ab" if have and response.status == 206 else "wb") as f:
+                done = have if response.status == 206 else 0  # else the server ignored the range
+                total = done + int(response.headers.get("Content-Length", 0))
+                etag = (response.headers.get("X-Linked-Etag") or response.headers.get("ETag") or "")
+                etag = etag.strip('"W/')
+                expected_sha256 = expected_sha256 or (etag if re.fullmatch(r"[0-9a-f]{64}", etag) else None)
+                shown = 0.0
+                while chunk := response.read(1 << 20):
+                    f.write(chunk)
+                    done += len(chunk)
+                    if time.time() - shown > 1 or done == total:
+                        shown = time.time()
+                        print(f"\r{dest.name}: {done / 1e6:.1f} / {total / 1e6:.1f} MB", end="",
+                              file=sys.stderr)
+            print(file=sys.stderr)
+            if total and part.stat().st_size != total:
+                raise OSError("short read")
+    except (OSError, http.client.HTTPException) as e:  # reset, timed out or cut: keep the part
+        raise UserError(f"download of {url} was cut at {part.stat().st_size} of {total} bytes "
+                        f"({type(e).__name__}); run the same command again to resume") from None
+    finally:
         for p in created:
             with contextlib.suppress(OSError):
-                p.rmdir()  # only if empty
-        raise
-
-
-def _fetch(url, dest, part, expected_sha256, flag):
-    have = part.stat().st_size if part.exists() else 0
-    request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
-    try:
-        response = urllib.request.urlopen(request, timeout=60)
-    except urllib.error.HTTPError as e:
-        if e.code != 416:  # 416: nothing left to fetch, the part file is complete
-            raise UserError(f"download of {url} failed: HTTP {e.code} {e.reason}") from None
-        response = None
-    except (urllib.error.URLError, OSError) as e:
-        raise UserError(f"cannot download {url} ({getattr(e, 'reason', e)}): you seem to be offline; "
-                        f"fetch the file on a machine with internet and pass its local path with "
-                        f"{flag}") from None
-    if response is not None:
-        with response:
-            have = have if response.status == 206 else 0  # the server ignored the range: start over
-            total = have + int(response.headers.get("Content-Length", 0))
-            etag = (response.headers.get("X-Linked-Etag") or response.headers.get("ETag") or "")
-            etag = etag.strip('"W/')
-            expected_sha256 = expected_sha256 or (etag if re.fullmatch(r"[0-9a-f]{64}", etag) else None)
-            done = _copy_with_progress(response, part, have, total, url, dest.name)
-        if total and done != total:
-            raise UserError(f"download of {url} was cut at {done} of {total} bytes; run the same "
-                            f"command again to resume")
+                p.rmdir()  # only if empty: a folder holding a .part or the file stays
     if expected_sha256 and sha256_file(part) != expected_sha256:
         part.unlink()
-        raise UserError(f"download of {url} is corrupt (SHA-256 mismatch); it was deleted, run again to "
-                        f"re-fetch")
+        raise UserError(f"download of {url} is corrupt (SHA-256 mismatch); it was deleted, run again")
     os.replace(part, dest)
     return dest
-
-
-def _copy_with_progress(response, part, have, total, url, name):
-    with open(part, "ab" if have else "wb") as f:
-        done, shown = have, 0.0
-        try:
-            while chunk := response.read(1 << 20):
-                f.write(chunk)
-                done += len(chunk)
-                if time.time() - shown > 1 or done == total:
-                    shown = time.time()
-                    print(f"\r{name}: {done / 1e6:.1f} / {total / 1e6:.1f} MB", end="", file=sys.stderr)
-        except (OSError, http.client.HTTPException) as e:  # reset or timed out: keep the part
-            print(file=sys.stderr)
-            raise UserError(f"download of {url} was cut at {done} of {total} bytes "
-                            f"({type(e).__name__}); run the same command again to resume") from None
-    print(file=sys.stderr)
-    return part.stat().st_size
 
 
 def sha256_file(path):
@@ -1287,19 +1127,17 @@ def resolve_data(path):
 
 
 def download_senteval(dest=None):
-    """Fetch SimCSE's senteval.tar and unpack its STS/SICK files: dest/downstream/{STS,SICK}."""
+    """SimCSE's senteval.tar, its STS/SICK files unpacked into dest/downstream/{STS,SICK}."""
     dest = dest or CACHE / "senteval"
     tar_path = download(f"{HF_ENDPOINT}/{KNOWN_DATA['senteval.tar']}", CACHE / "data" / "senteval.tar",
                         flag="--senteval")
+    tmp = Path(tempfile.mkdtemp(dir=CACHE))
     with tarfile.open(tar_path) as tar:
-        members = [m for m in tar.getmembers()
-                   if re.search(r"downstream/(STS|SICK)/", m.name) and m.isfile()]
-        tmp = Path(tempfile.mkdtemp(dir=CACHE))
-        tar.extractall(tmp, members=members, filter="data")
-    found = next(tmp.rglob("downstream"))
+        tar.extractall(tmp, members=[m for m in tar.getmembers() if m.isfile() and re.search(
+            r"downstream/(STS|SICK)/", m.name)], filter="data")
     shutil.rmtree(dest / "downstream", ignore_errors=True)
     dest.mkdir(parents=True, exist_ok=True)
-    os.replace(found, dest / "downstream")
+    os.replace(next(tmp.rglob("downstream")), dest / "downstream")
     shutil.rmtree(tmp)
     return dest / "downstream"
 
@@ -1312,9 +1150,8 @@ def senteval_root(path):
 
 def resolve_senteval(path, mode="test"):
     """The given SentEval folder, else ./SentEval/data/downstream or our cache, else a download."""
-    roots = [senteval_root(path)] if path else [Path("SentEval/data/downstream"),
-                                               CACHE / "senteval" / "downstream"]
-    for root in roots:
+    for root in [senteval_root(path)] if path else [Path("SentEval/data/downstream"),
+                                                   CACHE / "senteval" / "downstream"]:
         if path or root.is_dir():
             check_senteval(root, mode)
             return root
@@ -1323,10 +1160,16 @@ def resolve_senteval(path, mode="test"):
     return download_senteval()
 
 
+def sts_files(mode):
+    """Relative paths the evaluation reads in 'test' or 'dev' mode."""
+    years = [f"STS/{y}-en-test/STS.{kind}.{s}.txt" for y, subsets in STS_YEARS.items()
+             for s in subsets for kind in ("input", "gs")]
+    return (years if mode == "test" else []) + [SPLIT_FILES[t][mode] for t in SPLIT_FILES]
+
+
 def check_senteval(root, mode="test"):
     """A missing or incomplete SentEval folder -> one line saying what is missing and how to get it."""
-    fix = ("get it with `python common.py download senteval` and pass --senteval "
-           "~/.cache/simcse-min/senteval")
+    fix = "get it with `python common.py download senteval` and pass --senteval ~/.cache/simcse-min/senteval"
     if not Path(root).is_dir():
         raise UserError(f"SentEval folder {root} does not exist; {fix}")
     missing = [f for f in sts_files(mode) if not (Path(root) / f).is_file()]
@@ -1345,7 +1188,7 @@ def malformed_file(path):
                         f"get a fresh copy with `python common.py download senteval`") from None
 
 
-# --- Input checks and one-line errors ---------------------------------------------------------------
+# --- Flags, input checks and one-line errors ----------------------------------------------------
 
 class RunFinished(Exception):
     """--resume of a run that already finished: said in one line, exit status 0, nothing done."""
@@ -1364,6 +1207,20 @@ class OneLineErrors(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def parse_args(config_cls, argv=None):
+    """Dataclass fields -> `--name value` flags (booleans also bare: `--compile`); each field's
+    trailing comment is its --help text."""
+    helps = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.+)$", inspect.getsource(config_cls), re.M))
+    doc = (sys.modules[config_cls.__module__].__doc__ or "").split("\n")[0]
+    parser = OneLineErrors(description=doc, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for f in dataclasses.fields(config_cls):
+        kind = {"bool": parse_bool, "int": int, "float": float}.get(getattr(f.type, "__name__", f.type))
+        switch = dict(nargs="?", const=True) if kind is parse_bool else {}  # `--compile` alone: true
+        parser.add_argument(f"--{f.name}", type=kind or str, default=f.default,
+                            help=helps.get(f.name, " "), **switch)
+    return config_cls(**vars(parser.parse_args(argv)))
+
+
 def parse_bool(s):
     if s is True or s.lower() in ("1", "true", "yes"):
         return True
@@ -1375,10 +1232,8 @@ def parse_bool(s):
 def resolve_device(name):
     """'auto' -> cuda, mps or cpu; a device asked for but absent is an error, never a fallback."""
     mps = getattr(torch.backends, "mps", None)
-    available = {"cpu": True, "cuda": torch.cuda.is_available(),
-                 "mps": mps is not None and mps.is_available()}
-    if name == "auto":
-        name = "cuda" if available["cuda"] else "mps" if available["mps"] else "cpu"
+    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": bool(mps and mps.is_available())}
+    name = next(d for d in ("cuda", "mps", "cpu") if available[d]) if name == "auto" else name
     if name not in available:
         raise UserError(f"--device {name!r}: choose auto, cpu, cuda or mps")
     if not available[name]:
@@ -1389,7 +1244,7 @@ def resolve_device(name):
     return torch.device(name)
 
 
-SHARED_CHECKS = {  # flag -> its allowed interval ('[' includes the bound, '(' excludes it)
+SHARED_CHECKS = {  # flag -> its interval ('[' includes the bound, '(' excludes it)
     "seed": "[0, 4294967296)", "batch_size": "[2, inf)", "max_len": "[3, inf)", "lr": "(0, 1)",
     "epochs": "[1, inf)", "max_steps": "[0, inf)", "temp": "(0, inf)", "eval_every": "[1, inf)",
     "dropout": "[0, 1)", "save_every": "[0, inf)"}  # a method's own flags: its Config.checks
@@ -1407,14 +1262,14 @@ def in_interval(value, interval):
 
 
 def check_inputs(cfg, models, world_size=1):
-    """Every flag, input path and out_dir checked before any work starts; all problems at once, in
+    """Every flag, input path and out_dir, checked before any work starts; all problems at once, in
     one UserError line. `models` names the fields that hold model folders (DiffCSE: + generator)."""
     checks = {**SHARED_CHECKS, **getattr(cfg, "checks", {})}
     problems = [f"--{k} {getattr(cfg, k)}: must be in {v}{WHY.get(k, '')}" for k, v in checks.items()
                 if not in_interval(getattr(cfg, k), v)]
-    problems += [f"--{f.name} {getattr(cfg, f.name)}: must be a finite number"
-                 for f in dataclasses.fields(cfg) if f.name not in checks
-                 and type(getattr(cfg, f.name)) is float and not math.isfinite(getattr(cfg, f.name))]
+    problems += [f"--{f.name} {getattr(cfg, f.name)}: must be a finite number" for f in
+                 dataclasses.fields(cfg) if type(getattr(cfg, f.name)) is float and f.name not in checks
+                 and not math.isfinite(getattr(cfg, f.name))]
     if cfg.batch_size % world_size:
         problems.append(f"--batch_size {cfg.batch_size} is the global batch and must split evenly "
                         f"over {world_size} processes")
@@ -1438,18 +1293,17 @@ def data_problems(path):
 
 
 def model_problems(name, flag):
-    folder = Path(name).expanduser()
+    folder, why = Path(name).expanduser(), ""
     if not folder.is_dir():
         known = str(name) in KNOWN_MODELS or hub_snapshot(name)
-        return [] if known else [f"{flag} {name!r} is neither a folder nor a known name "
-                                 f"({', '.join(KNOWN_MODELS)})"]
-    if not (folder / "config.json").is_file():
-        return [f"{flag} {folder} has no config.json: not a Hugging Face model folder"]
-    if not (folder / "vocab.txt").is_file():
-        return [f"{flag} {folder} has no vocab.txt: not a BERT (WordPiece) model folder"]
-    if not any((folder / w).is_file() for w in ("model.safetensors", "pytorch_model.bin")):
-        return [f"{flag} {folder} has neither model.safetensors nor pytorch_model.bin"]
-    return []
+        why = "" if known else f"is neither a folder nor a known name ({', '.join(KNOWN_MODELS)})"
+    elif not (folder / "config.json").is_file():
+        why = "has no config.json: not a Hugging Face model folder"
+    elif not (folder / "vocab.txt").is_file():
+        why = "has no vocab.txt: not a BERT (WordPiece) model folder"
+    elif not any((folder / w).is_file() for w in ("model.safetensors", "pytorch_model.bin")):
+        why = "has neither model.safetensors nor pytorch_model.bin"
+    return [f"{flag} {name} {why}"] if why else []
 
 
 def out_dir_problems(out, overwrite):
@@ -1469,18 +1323,16 @@ def check_model(folder, tok, model, max_len):
     """A folder whose parts disagree: more tokens than embedding rows, or positions < max_len."""
     rows = model.embeddings.word_embeddings.num_embeddings
     if len(tok.vocab) > rows:
-        raise CheckpointError(f"{folder}: vocab.txt has {len(tok.vocab)} tokens but the word "
-                              f"embeddings have {rows} rows (config.json vocab_size): the folder "
-                              f"mixes two models")
+        raise CheckpointError(f"{folder}: vocab.txt has {len(tok.vocab)} tokens but the embeddings "
+                              f"have {rows} rows (config.json vocab_size): it mixes two models")
     if max_len > model.cfg.max_position_embeddings:
-        raise UserError(f"--max_len {max_len} exceeds the model's {model.cfg.max_position_embeddings}"
-                        f" positions")
+        raise UserError(f"--max_len {max_len} exceeds the model's {model.cfg.max_position_embeddings} "
+                        f"positions")
 
 
 def read_lines(path):
     """Non-blank lines of a UTF-8 text file, stripped; a one-line error for anything unusable."""
-    path = Path(path)
-    problems = data_problems(path)
+    path, problems = Path(path), data_problems(path)
     if problems:
         raise UserError(problems[0])
     raw = path.read_bytes()
@@ -1488,26 +1340,25 @@ def read_lines(path):
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw[:e.start].count(b"\n") + 1
-        raise UserError(f"{path} is not UTF-8 (line {line}, byte {e.start}); convert it, e.g. "
-                        f"iconv -t UTF-8") from None
+        raise UserError(f"{path} is not UTF-8 (line {line}, byte {e.start}); convert it, e.g. iconv -t "
+                        f"UTF-8") from None
     lines = [s for s in (line.strip() for line in text.splitlines()) if s]
     if not lines:
         raise UserError(f"data file {path} holds no sentences")
     return lines
 
 
-MAX_SENTENCE_CHARS = 10_000  # [impl] longer sentences are cut: 512 tokens of text fit ~10x over, and a
-# stray megabyte-long line (a file without newlines) would take minutes; training keeps max_len anyway
+MAX_SENTENCE_CHARS = 10_000  # [impl] longer sentences are cut: 512 tokens fit ~10x over, and a stray
+# megabyte-long line (a file without newlines) would take minutes; training keeps max_len anyway
 
 
 def read_training_data(path):
-    """Sentences (one a line), or CSV rows (sentence, positive[, hard negative]) for supervised SimCSE:
-    a list of 1-3 tuples of strings, each cut to MAX_SENTENCE_CHARS (said once, not an error)."""
+    """Sentences (one a line), or CSV rows (sentence, positive[, hard negative]) for supervised
+    SimCSE: tuples of 1-3 strings, each cut to MAX_SENTENCE_CHARS (said once, not an error)."""
     import csv
     lines = read_lines(path)
-    rows = [(s,) for s in lines]
+    rows = [tuple(r) for r in csv.reader(lines)] if Path(path).suffix == ".csv" else [(s,) for s in lines]
     if Path(path).suffix == ".csv":
-        rows = [tuple(r) for r in csv.reader(lines)]
         if rows and [c.lower() for c in rows[0]][:2] in (["sent0", "sent1"], ["sentence", "positive"]):
             rows = rows[1:]  # a header line [official nli_for_simcse.csv: sent0,sent1,hard_neg]
         if not rows or {len(r) for r in rows} not in ({2}, {3}):
@@ -1517,8 +1368,7 @@ def read_training_data(path):
     if cut:
         print(f"note: {cut} sentence(s) in {path} longer than {MAX_SENTENCE_CHARS:,} characters were "
               f"cut to that length", file=sys.stderr)
-        rows = [tuple(s[:MAX_SENTENCE_CHARS] for s in r) for r in rows]
-    return rows
+    return [tuple(s[:MAX_SENTENCE_CHARS] for s in r) for r in rows] if cut else rows
 
 
 def main_guard(fn, *args):
@@ -1541,7 +1391,7 @@ def main_guard(fn, *args):
         sys.exit(130)
 
 
-# --- Corpus tokenization speed-ups: all cores, a flat int32 array, a cache on disk -------------------
+# --- Corpus tokenization speed-ups: all cores, a flat int32 array, a cache on disk ---------------
 
 def _encode_chunk(args):
     tok, texts, max_len = args
@@ -1549,8 +1399,8 @@ def _encode_chunk(args):
 
 
 def tokenize_corpus(tok, texts, max_len=None, workers=None, min_parallel=20_000):
-    """Tokenize many sentences, in `workers` processes (all cores by default) when there are at least
-    `min_parallel` of them: below that, starting the processes costs more than it saves."""
+    """Many sentences -> id lists, in `workers` processes (all cores) from `min_parallel` sentences
+    on: below that, starting the processes costs more than it saves."""
     workers = workers or os.cpu_count() or 1
     if workers == 1 or len(texts) < min_parallel:
         return [tok.encode(t, max_len) for t in texts]
@@ -1561,16 +1411,16 @@ def tokenize_corpus(tok, texts, max_len=None, workers=None, min_parallel=20_000)
 
 
 class TokenizedRows:
-    """Rows of C tokenized columns in one flat int32 array with offsets: 1M sentences are ~130 MB
-    here, not the ~1 GB of Python lists. rows[i] -> tuple of C id lists."""
+    """Rows of C tokenized columns in one flat int32 array with offsets (1M sentences: ~130 MB, not
+    the ~1 GB of Python lists). rows[i] -> tuple of C id lists."""
 
     def __init__(self, flat, offsets, cols):
         self.flat, self.offsets, self.cols = flat, offsets, cols  # [T] int32, [N*C + 1] int64
 
     @classmethod
     def from_lists(cls, id_lists, cols):
-        lengths = np.fromiter((len(x) for x in id_lists), dtype=np.int64, count=len(id_lists))
-        flat = np.fromiter((t for x in id_lists for t in x), dtype=np.int32, count=int(lengths.sum()))
+        lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
+        flat = np.fromiter(itertools.chain.from_iterable(id_lists), np.int32, int(lengths.sum()))
         return cls(flat, np.concatenate([[0], np.cumsum(lengths)]), cols)
 
     def __len__(self):
@@ -1582,20 +1432,21 @@ class TokenizedRows:
 
 
 def tokenize_file(tok, path, max_len):
-    """Read and tokenize a training file once (all CPU cores), cached on disk by file content,
-    vocabulary and max_len, so later runs start at once -> (TokenizedRows, seconds, cache hit?)."""
+    """A training file tokenized once (all cores), cached on disk by its content, the vocabulary and
+    max_len, so later runs start at once -> (TokenizedRows, seconds, cache hit?)."""
     start, path = time.time(), Path(path)
     if not path.is_file():
         read_lines(path)  # the one-line error for a missing file or a directory
-    key = f"{sha256_file(path)} {path.suffix} {tok.vocab_digest()} {max_len}"
+    vocab = hashlib.sha256("\n".join(tok.vocab).encode() + bytes([tok.lower, tok.strip_accents]))
+    key = f"{sha256_file(path)} {path.suffix} {vocab.hexdigest()} {max_len}"
     cached = CACHE / "tokens" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz"
     if cached.exists():
         with np.load(cached) as z:
             return TokenizedRows(z["flat"], z["offsets"], int(z["cols"])), time.time() - start, True
     rows = read_training_data(path)
-    ids = tokenize_corpus(tok, [s for r in rows for s in r], max_len)
-    data = TokenizedRows.from_lists(ids, len(rows[0]))
-    with contextlib.suppress(OSError):  # a read-only cache only costs the next run the tokenization
+    data = TokenizedRows.from_lists(tokenize_corpus(tok, [s for r in rows for s in r], max_len),
+                                    len(rows[0]))
+    with contextlib.suppress(OSError):  # a read-only cache costs the next run the tokenization
         cached.parent.mkdir(parents=True, exist_ok=True)
         with atomic_write(cached, "wb") as f:
             np.savez(f, flat=data.flat, offsets=data.offsets, cols=data.cols)
@@ -1841,6 +1692,35 @@ def rank0_first():
 
 
 # ======== Part 3 (temporary) ========
+import xml.sax.saxutils
+
+POSITIVE_GOLD = 4.0  # STS-B pairs with a gold score > 4 are the positive pairs [SimCSE §5 fn. 3; DiffCSE Table 11]
+SCORE_GROUPS = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]  # the 5 gold-score groups of [SimCSE App. G]; edges ours
+
+
+def alignment(x, y):  # x, y [N, H] positive pairs -> E ||x - y||^2 of the L2-normalised vectors (lower is better)
+    x, y = F.normalize(x.double(), dim=-1), F.normalize(y.double(), dim=-1)
+    return (x - y).pow(2).sum(-1).mean().item()  # [Wang & Isola 2020, Eq. 2]; NaN when there is no pair
+
+
+def uniformity(x):  # x [N, H] -> log E exp(-2 ||x_i - x_j||^2) over distinct pairs i < j (lower is better)
+    x = F.normalize(x.double(), dim=-1)
+    return torch.pdist(x).pow(2).mul(-2).exp().mean().log().item()  # pdist: i < j only [Wang & Isola's code]
+
+
+def align_uniform(a, b, gold, distinct):  # a, b [N, H] pair vectors, gold [N], distinct [M, H] -> (align, uniform)
+    positive = torch.as_tensor(np.asarray(gold) > POSITIVE_GOLD)  # [N] bool
+    return alignment(a[positive], b[positive]), uniformity(distinct)
+
+
+def distinct_indices(sentences):
+    """Index of the first occurrence of each distinct sentence: uniformity counts a repeated sentence once."""
+    first = {}
+    for i, s in enumerate(sentences):
+        first.setdefault(s, i)
+    return sorted(first.values())
+
+
 
 SCORE_GROUPS = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]  # the 5 gold-score groups of [SimCSE App. G]; edges ours
 def singular_values(x):  # x [N, H] -> [min(N, H)], descending, the largest = 1 [SimCSE App. F]
