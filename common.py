@@ -1,21 +1,17 @@
 """common.py: everything the four methods share, and nothing method-specific.
 
-Part 1, the model and the loop (read this): a WordPiece tokenizer identical to BERT's, a compact BERT
-(+ MLM head) that loads real Hugging Face checkpoints, data batches, STS evaluation identical to the
-papers' SentEval path, and the pieces every train() loop calls. Part 2, operations (safe to skip):
-safetensors, downloads, input checks, resumable checkpoints, torchrun. Part 3: the command line
-(`python common.py --help`: eval, download, analyze) and the analysis figures.
-Not here: heads, views, losses, method flags (those live in the *_min.py files).
+Part 1, the model and the loop (read this): WordPiece identical to BERT's, a compact BERT that loads
+Hugging Face checkpoints, data batches, STS evaluation identical to SentEval's, the loop pieces.
+Part 2, operations (safe to skip): files, downloads, input checks, resumable runs, torchrun. Part 3:
+`python common.py eval | download | analyze` and the figures. Not here: heads, views, losses, flags.
 
     tok = Tokenizer.from_pretrained("bert-base-uncased")
     model = Bert.from_pretrained("bert-base-uncased")
     ids, mask = tok(["a man is playing a guitar .", "a woman is slicing an onion ."])  # [2, L] each
     cls = model(ids, mask)[:, 0]                                                       # [2, 768]
 """
-import argparse
 import contextlib
 import dataclasses
-import inspect
 import itertools
 import json
 import math
@@ -34,14 +30,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-class UserError(Exception):
-    """A problem with the user's input: one line on stderr, exit status 2, no traceback."""
-
-
-class CheckpointError(UserError):
-    """A model folder or checkpoint file that cannot be loaded as it is."""
-
-
 # ==================================================================================================
 # Part 1: the model and the loop. Read this: it explains everything a *_min.py file calls.
 # ==================================================================================================
@@ -51,8 +39,8 @@ class CheckpointError(UserError):
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _SPECIAL_SPLIT = re.compile("(" + "|".join(re.escape(s) for s in SPECIAL_TOKENS) + ")")
 _ASCII_CLEAN = {c: None for c in range(32)} | {127: None, 9: " ", 10: " ", 13: " "}
-_CJK = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
-        (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))  # [HF BasicTokenizer]
+_CJK = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
+        (0xF900, 0xFAFF), (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0x2F800, 0x2FA1F))  # [HF]
 
 
 def basic_clean(text):
@@ -70,7 +58,7 @@ def basic_clean(text):
 
 
 def split_punctuation(word):
-    """'e-mail!' -> ['e', '-', 'mail', '!']; ASCII symbols count as punctuation ('$', '^'), as in BERT."""
+    """'e-mail!' -> ['e', '-', 'mail', '!']; ASCII symbols are punctuation ('$', '^') [BERT]."""
     pieces, current = [], ""
     for ch in word:
         cp = ord(ch)
@@ -84,8 +72,7 @@ def split_punctuation(word):
 
 
 class Tokenizer:
-    """BERT's WordPiece: clean, split on whitespace and punctuation, then greedy longest-match
-    sub-words with '##'. Words are cached (a corpus repeats most words): the Python loop is fast."""
+    """BERT's WordPiece: clean, split, greedy longest-match '##' sub-words; words cached (fast)."""
     max_word_chars = 100  # longer words become [UNK] [HF WordpieceTokenizer]
 
     def __init__(self, vocab, do_lower_case=True, strip_accents=None):
@@ -96,7 +83,7 @@ class Tokenizer:
 
     @classmethod
     def from_pretrained(cls, name_or_dir):
-        """vocab.txt (id = line number) and tokenizer_config.json of a model folder or known name."""
+        """vocab.txt (id = line number), tokenizer_config.json of a model folder or known name."""
         vocab, config = read_vocab(resolve_model(name_or_dir))  # Part 2: checked, one-line errors
         return cls(vocab, config.get("do_lower_case", True), config.get("strip_accents"))
 
@@ -144,7 +131,7 @@ class Tokenizer:
         return ids[:limit] + [self.sep_id] if len(ids) > limit else ids + [self.sep_id]
 
     def pad(self, id_lists, width=None):
-        """Pad to the longest (or to `width`) -> (ids [B, L], mask [B, L]), mask 1 on real tokens."""
+        """Pad to the longest (or `width`) -> (ids [B, L], mask [B, L]), mask 1 on real tokens."""
         return pad_ids(id_lists, self.pad_id, width)
 
     def __call__(self, texts, max_len=None):
@@ -152,8 +139,7 @@ class Tokenizer:
 
 
 def pad_ids(id_lists, pad_id, width=None):
-    """Id lists -> (ids [B, L], mask [B, L]) LongTensors, L the longest (at least `width`): one
-    numpy scatter, not a Python loop (a boolean-mask assignment fills row by row, left to right)."""
+    """Id lists -> (ids [B, L], mask [B, L]), L the longest (or `width`): one numpy scatter."""
     lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))  # [B]
     mask = np.arange(max(width or 0, int(lengths.max()))) < lengths[:, None]  # [B, L] bool
     ids = np.full(mask.shape, pad_id, dtype=np.int64)  # [B, L]
@@ -181,14 +167,9 @@ class BertConfig:
     @classmethod
     def tiny(cls, **kw):
         """A 2-layer, 32-wide BERT for tests (minGPT's gpt-nano)."""
-        return cls(**{**dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                             intermediate_size=64, max_position_embeddings=64), **kw})
-
-    def n_params(self):
-        """The encoder's parameter count (a size check before allocating)."""
-        H, I = self.hidden_size, self.intermediate_size
-        return (self.vocab_size + self.max_position_embeddings + self.type_vocab_size) * H + \
-            self.num_hidden_layers * (4 * H * H + 2 * H * I)
+        return cls(**{**dict(vocab_size=128, hidden_size=32, num_hidden_layers=2,
+                             num_attention_heads=2, intermediate_size=64,
+                             max_position_embeddings=64), **kw})
 
 
 class Embeddings(nn.Module):
@@ -221,7 +202,7 @@ class Layer(nn.Module):
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, x, keep, cls_only=False):  # x [B, L, H], keep [B, 1, 1, L] bool (a token)
-        """-> [B, L, H]; cls_only: [B, 1, H], the [CLS] row only (its query; keys and values all)."""
+        """-> [B, L, H]; cls_only: [B, 1, H], the [CLS] row alone (its query; keys, values all)."""
         B, L, H = x.shape
         rows = x[:, :1] if cls_only else x  # [B, Q, H], Q = 1 or L
         q = self.query(rows).view(B, rows.size(1), self.heads, -1).transpose(1, 2)  # [B, h, Q, H/h]
@@ -266,16 +247,15 @@ class Bert(nn.Module):
         return self.embeddings(ids)
 
     def encode(self, x, mask, all_layers=False, cls_only=False):  # x [B, L, H], mask [B, L]
-        """The last layer's states [B, L, H] (or every layer's). cls_only: the last layer computes
-        the [CLS] row alone, [B, 1, H], for callers that read [CLS] only (training steps, CLS
-        evaluation): 1/L of its work. Nothing after the last layer reads the other rows."""
+        """The last layer's states [B, L, H] (or all layers'). cls_only: the last layer computes the
+        [CLS] row alone, [B, 1, H] (1/L of its work): nothing after it reads the other rows."""
         keep = mask.bool()[:, None, None, :]  # [B, 1, 1, L]
         states = [x]
         for i, layer in enumerate(self.layers):
             states.append(layer(states[-1], keep, cls_only and i == len(self.layers) - 1))
         return states if all_layers else states[-1]
 
-    def forward(self, ids, mask, cls_only=False):  # ids, mask [B, L] -> [B, L, H] (cls_only: [B, 1, H])
+    def forward(self, ids, mask, cls_only=False):  # ids, mask [B, L] -> [B, L, H] or [B, 1, H]
         return self.encode(self.embed(ids), mask, cls_only=cls_only)
 
     def mlm_logits(self, h):  # h [B, L, H] -> [B, L, V]
@@ -292,10 +272,9 @@ class Bert(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name_or_dir, mlm_head=False, dropout=None, quiet=False):
-        """A Hugging Face BERT or DistilBERT folder, or a known name (downloaded once). Every tensor
-        must be filled with the right shape: never a silent partial load [nanoGPT]."""
+        """A Hugging Face BERT/DistilBERT folder or known name; every tensor filled [nanoGPT]."""
         folder = resolve_model(name_or_dir)
-        cfg, tensors, model_type = read_model_folder(folder)  # Part 2: config.json, weights, checked
+        cfg, tensors, model_type = read_model_folder(folder)  # Part 2: config, weights, checked
         model = cls(cfg, mlm_head)
         state, unused = rename_checkpoint(tensors, model_type, model)  # Hugging Face names -> ours
         model.load_state_dict(state, strict=True)
@@ -313,16 +292,8 @@ class Bert(nn.Module):
 
 # --- Data -----------------------------------------------------------------------------------------
 
-def epoch_batches(n, batch_size, seed, epoch):
-    """Index lists of one epoch, a fresh permutation per (seed, epoch); the last partial batch is
-    dropped (a batch of one has no negatives; the official code keeps it: 15,626 vs 15,625 steps)."""
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + epoch)).tolist()
-    return [order[i:i + batch_size] for i in range(0, n - batch_size + 1, batch_size)]
-
-
 def collate(tok, rows, device, width=None):
-    """Rows of C columns of id lists -> ids, mask [B, C, L], padded to the longest (or to `width`:
-    static shapes for a compiled model)."""
+    """Rows of C id lists -> ids, mask [B, C, L], padded to the longest (or to `width`)."""
     ids, mask = tok.pad([x for r in rows for x in r], width)  # [B*C, L]
     B, C = len(rows), len(rows[0])
     return to_device(ids.view(B, C, -1), device), to_device(mask.view(B, C, -1), device)
@@ -333,7 +304,7 @@ def to_device(t, device):
     return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
 
 
-# --- STS evaluation (SimCSE's SentEval fork: cosine, Spearman x 100, 'all' for STS12-16) -----------
+# --- STS evaluation (SimCSE's SentEval fork: cosine, Spearman x 100, 'all' for STS12-16) --------
 
 STS_YEARS = {  # task -> subsets, as SentEval reads them [official SentEval sts.py]
     "STS12": ["MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"],
@@ -344,7 +315,8 @@ STS_YEARS = {  # task -> subsets, as SentEval reads them [official SentEval sts.
 }
 TEST_TASKS = [*STS_YEARS, "STSBenchmark", "SICKRelatedness"]
 SHORT_NAMES = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}
-SPLIT_FILES = {"STSBenchmark": {s: f"STS/STSBenchmark/sts-{s}.csv" for s in ("train", "dev", "test")},
+SPLIT_FILES = {"STSBenchmark": {s: f"STS/STSBenchmark/sts-{s}.csv"
+                                for s in ("train", "dev", "test")},
                "SICKRelatedness": {"train": "SICK/SICK_train.txt", "dev": "SICK/SICK_trial.txt",
                                    "test": "SICK/SICK_test_annotated.txt"}}
 
@@ -357,9 +329,10 @@ def load_sts_subset(root, year, subset):
     """(sentences A, B, gold) of one STS12-16 subset; pairs with an empty gold score dropped."""
     folder = Path(root) / "STS" / f"{year}-en-test"
     with malformed_file(folder / f"STS.{{input,gs}}.{subset}.txt"):  # Part 2: one line naming it
-        pairs = [r.split("\t") for r in (folder / f"STS.input.{subset}.txt").read_text().splitlines()]
+        lines = (folder / f"STS.input.{subset}.txt").read_text().splitlines()
+        pairs = [r.split("\t") for r in lines]
         gold = (folder / f"STS.gs.{subset}.txt").read_text().splitlines()
-        keep = [i for i, g in enumerate(gold) if g != ""]  # not_empty_idx [official SentEval sts.py]
+        keep = [i for i, g in enumerate(gold) if g != ""]  # not_empty_idx [official SentEval]
         return ([_joined(pairs[i][0]) for i in keep], [_joined(pairs[i][1]) for i in keep],
                 np.array([float(gold[i]) for i in keep]))
 
@@ -369,7 +342,7 @@ def load_sts_split(root, task, split):
     path = Path(root) / SPLIT_FILES[task][split]
     with malformed_file(path):
         lines = path.read_text().splitlines()
-        rows = [line.strip().split("\t") for line in (lines if task == "STSBenchmark" else lines[1:])]
+        rows = [r.strip().split("\t") for r in (lines if task == "STSBenchmark" else lines[1:])]
         a, b, y = (5, 6, 4) if task == "STSBenchmark" else (1, 2, 3)
         return [_joined(r[a]) for r in rows], [_joined(r[b]) for r in rows], \
             np.array([float(r[y]) for r in rows])
@@ -387,7 +360,7 @@ POOLERS = ("cls", "avg", "avg_first_last", "avg_top2")
 
 
 def pool(states, mask, pooler):
-    """Sentence vectors [B, H] from every layer's states ([emb, layer 1, ..., layer N], [B, L, H])."""
+    """Sentence vectors [B, H] from all layers' states ([emb, layer 1, ..., layer N], [B, L, H])."""
     if pooler == "cls":
         return states[-1][:, 0]  # raw [CLS], no head: the papers' test vector
     chosen = {"avg": [-1], "avg_first_last": [0, -1], "avg_top2": [-2, -1]}[pooler]  # 0: embeddings
@@ -408,7 +381,7 @@ def encode_sentences(model, tok, sentences, pooler="cls", batch_size=128, id_lis
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
-            ids, mask = (to_device(t, device) for t in tok.pad([id_lists[i] for i in idx]))  # [b, L]
+            ids, mask = (to_device(t, device) for t in tok.pad([id_lists[i] for i in idx]))
             states = model.encode(model.embed(ids), mask, pooler != "cls", cls_only=pooler == "cls")
             out[idx] = pool(states if pooler != "cls" else [states], mask, pooler).float().cpu()
     model.train(was_training)
@@ -430,7 +403,7 @@ def evaluate_sts(model, tok, root, mode="test", pooler="cls", batch_size=128, ta
     'wmean'). Each distinct sentence is encoded once. STS12-16 report 'all', the subsets joined
     into one Spearman [SimCSE's SentEval fork]; STS-B, SICK-R the mode's split (dev: SICK trial)."""
     start, tasks = time.time(), tasks or load_sts(root, mode)
-    unique = sorted({s for subsets in tasks.values() for a, b, _ in subsets.values() for s in a + b})
+    unique = sorted({s for subs in tasks.values() for a, b, _ in subs.values() for s in a + b})
     index = {s: i for i, s in enumerate(unique)}
     vectors = encode_sentences(model, tok, unique, pooler, batch_size)  # [N, H]
     results, details = {}, {}
@@ -461,8 +434,7 @@ def format_table(results):
 
 
 class DevSet:
-    """STS-B dev, tokenized once: training's checkpoint-selection score (3,000 sentences). `score`
-    also leaves alignment and uniformity of the same vectors in `align_uniform` (Part 3)."""
+    """STS-B dev tokenized once, training's checkpoint selection; also alignment and uniformity."""
 
     def __init__(self, tok, root, max_len=512):
         a, b, self.gold = load_sts(root, "dev")["STSBenchmark"]["dev"]
@@ -470,7 +442,7 @@ class DevSet:
         self.distinct, self.align_uniform = distinct_indices(a + b), (math.nan, math.nan)
 
     def score(self, model):
-        vectors = encode_sentences(model, self.tok, None, "cls", 256, id_lists=self.ids)  # [3000, H]
+        vectors = encode_sentences(model, self.tok, None, "cls", 256, self.ids)  # [3000, H]
         a, b = vectors[:len(self.gold)], vectors[len(self.gold):]  # [1500, H] each
         self.align_uniform = align_uniform(a, b, self.gold, vectors[self.distinct])
         return float(100 * scipy.stats.spearmanr(cosine(a, b), self.gold)[0])
@@ -478,15 +450,10 @@ class DevSet:
 
 # --- Loop pieces: seed, flags, precision, optimizer, one global batch over processes, the run -----
 
-def set_seed(seed):
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def autocast(device):
     """bf16 autocast on CUDA (no grad scaler needed); plain fp32 elsewhere [nanoGPT]."""
-    return torch.autocast("cuda", torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+    on_gpu = device.type == "cuda"
+    return torch.autocast("cuda", torch.bfloat16) if on_gpu else contextlib.nullcontext()
 
 
 def upcast(x):
@@ -495,86 +462,56 @@ def upcast(x):
 
 
 def make_optimizer(params, lr, total_steps, device):
-    """AdamW (wd 0, betas 0.9/0.999, eps 1e-8), linear decay to 0, no warm-up [official: HF Trainer]."""
+    """AdamW (wd 0, betas 0.9/0.999, eps 1e-8), linear decay to 0, no warm-up [official Trainer]."""
     opt = torch.optim.AdamW([p for p in params if p.requires_grad], lr=lr, betas=(0.9, 0.999),
                             eps=1e-8, weight_decay=0.0, fused=device.type == "cuda")
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda step: max(0.0, 1 - step / total_steps))
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / total_steps))
 
 
 def optimizer_step(loss, opt, sched, max_grad_norm=1.0):
     """backward, clip the global gradient norm at 1.0 [official: HF Trainer], step, zero."""
     loss.backward()
-    torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], max_grad_norm)
+    nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], max_grad_norm)
     opt.step()
     sched.step()
     opt.zero_grad(set_to_none=True)
 
 
-# Multi-GPU (`torchrun --nproc_per_node N X_min.py ...`, set up in Part 2): --batch_size stays the
-# global batch. Every process reads the same batch, encodes its share (shard), and the losses see
-# the whole batch (all_gather): negatives, queue and BatchNorm statistics are those of one process.
-# One process: shard and all_gather return their input.
-
-def world():
-    """(rank, number of processes); (0, 1) without a process group."""
-    on = dist.is_available() and dist.is_initialized()
-    return (dist.get_rank(), dist.get_world_size()) if on else (0, 1)
-
+# Multi-GPU (torchrun; Part 2): each process reads the same global batch, encodes its share (shard),
+# and the losses see the whole batch (all_gather), as one process would. One process: no-ops.
 
 def shard(x, views=1):
-    """This process's rows of a global batch: x [views*B, ...], `views` blocks of B rows, view-major
-    -> [views*b, ...], b = B/N: rank r takes rows r*b..(r+1)*b of every block."""
+    """[views*B, ...] view-major -> this rank's [views*b, ...]: rows r*b..(r+1)*b of each block."""
     rank, size = world()
     blocks = x.unflatten(0, (views, -1))  # [views, B, ...]
     b = blocks.size(1) // size
     return blocks[:, rank * b:(rank + 1) * b].flatten(0, 1)
 
 
-class _AllGather(torch.autograd.Function):
-    """[views, b, ...] on each rank -> [views, N*b, ...], rank order, everywhere; differentiable.
-    Backward: each rank's loss is the whole-batch loss L, so rank r's gradient is its slice of dL,
-    summed over ranks: DDP then averages parameter gradients over N, which the sum cancels, so one
-    step equals one process's step on the whole batch. [impl] tests/test_ddp.py checks this."""
-
-    @staticmethod
-    def forward(ctx, x):
-        parts = [torch.empty_like(x) for _ in range(world()[1])]
-        dist.all_gather(parts, x.contiguous())
-        return torch.cat(parts, dim=1)
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.contiguous().clone()  # all_reduce works in place; the incoming buffer is autograd's
-        dist.all_reduce(grad)  # sum over ranks
-        rank, size = world()
-        b = grad.size(1) // size
-        return grad[:, rank * b:(rank + 1) * b]
-
-
 def all_gather(x, views=1):
-    """The inverse of shard, with gradient: this rank's [views*b, ...] -> [views*B, ...] everywhere."""
+    """The inverse of shard, with gradient (Part 2): [views*b, ...] -> [views*B, ...] everywhere."""
     if world()[1] == 1:
         return x
     return _AllGather.apply(x.unflatten(0, (views, -1))).flatten(0, 1)
 
 
 class Run:
-    """One training run's bookkeeping for train(): checked inputs, the log, model and data, STS-B dev
-    evaluation, the best state, and at the end the test table, results.json and the saved model.
-    The loop itself, with its evaluation schedule, checkpoints and stops, is in each train()."""
+    """A run's bookkeeping (inputs, log, model, data, dev score, best state, results); the loop
+    itself is in each train()."""
 
     def __init__(self, cfg, script, models=("model",)):
         method = Path(script).stem.removesuffix("_min")  # simcse, esimcse, simcsepp or diffcse
         cfg.out_dir = cfg.out_dir or f"runs/{method}"
         self.cfg, self.method, self.log_lines = cfg, method, []  # the log waits for start()
-        self.resumed = read_resumed_run(cfg, method)  # --resume: the checkpoint; its config into cfg
+        self.resumed = read_resumed_run(cfg, method)  # --resume: the checkpoint; its cfg into cfg
         self.device = init_distributed(resolve_device(cfg.device))  # under torchrun: this rank's
         self.rank, self.world_size = world()
         check_inputs(cfg, models, self.world_size)  # every flag and input; all problems in one line
         set_seed(cfg.seed + self.rank)  # dropout masks; data order and views have their own RNGs
         self.out, self.width, self.signal, self.first_step = Path(cfg.out_dir), None, 0, 0
-        self.log(f"{method} | {script} sha256 {sha256_file(script)[:16]} | torch {torch.__version__}"
-                 f" | {self.device}" + (f" x {self.world_size} processes" if self.world_size > 1 else ""))
+        procs = f" x {self.world_size} processes" if self.world_size > 1 else ""
+        self.log(f"{method} | {script} sha256 {sha256_file(script)[:16]} | torch "
+                 f"{torch.__version__} | {self.device}{procs}")
         self.log("config " + json.dumps(dataclasses.asdict(cfg)))
         with rank0_first():  # rank 0 downloads, the others read what it wrote
             self.senteval = resolve_senteval(cfg.senteval)
@@ -605,13 +542,13 @@ class Run:
         with rank0_first():  # rank 0 tokenizes and writes the token cache, the others read it
             data, seconds, hit = tokenize_file(tok, resolve_data(self.cfg.data), self.cfg.max_len)
         if one_column and data.cols != 1:
-            raise UserError(f"{self.cfg.data} has {data.cols} columns: {self.method} is unsupervised,"
-                            f" give one sentence a line (supervised SimCSE is simcse_min.py)")
+            raise UserError(f"{self.cfg.data} has {data.cols} columns: {self.method} is "
+                            f"unsupervised, one sentence a line (supervised: simcse_min.py)")
         self.log(f"data {self.cfg.data}: {len(data)} rows x {data.cols} column(s), "
                  + ("read from the token cache" if hit else "tokenized") + f" in {seconds:.1f}s")
         self.dev = DevSet(tok, self.senteval) if self.rank == 0 else None  # rank 0 evaluates
-        self.log("evaluation: STS-B dev Spearman; align/uniform: alignment (dev pairs with gold > 4)"
-                 " and uniformity (distinct dev sentences) of the same [CLS] vectors")
+        self.log("evaluation: STS-B dev Spearman; align/uniform: alignment (dev pairs, gold > 4) "
+                 "and uniformity (distinct dev sentences) of the same [CLS] vectors")
         return data
 
     def total_steps(self, n_rows):
@@ -624,50 +561,45 @@ class Run:
         return self.total
 
     def compile(self, model):
-        """--compile: torch.compile the encoder in place (Module.compile keeps the parameter names).
-        On CUDA, CUDA graphs want static shapes: batches are padded to max_len. model.encode (the
-        evaluation) stays eager."""
-        if self.cfg.compile:
-            self.width = self.cfg.max_len
-            model.compile(mode="reduce-overhead" if self.device.type == "cuda" else None)
-            self.log("compiled the encoder (torch.compile); the first steps include the compilation")
-        return model
+        return compile_encoder(self, model)  # --compile (Part 2): torch.compile, static shapes
 
     def start(self, saved):
-        """Open out_dir (the log so far goes in), catch Ctrl-C/SIGTERM, and return the first step:
-        0, or the --resume checkpoint's step, every object in `saved` as it was then (Part 2)."""
+        """Open out_dir, catch Ctrl-C/SIGTERM -> 0, or the --resume step with `saved` restored."""
         open_out_dir(self)
         catch_signals(self)
         return restore_checkpoint(self, saved) if self.resumed else 0
 
     def ddp(self, module):
-        """DistributedDataParallel around a trained module under torchrun; else the module itself."""
+        """DistributedDataParallel around a trained module under torchrun; else the module."""
         return wrap_ddp(module, self.device)
 
     def batches(self, data, tok, start):
-        """ids, mask [B, C, L] for steps start+1 .. total, a fresh shuffle every epoch."""
+        """ids, mask [B, C, L] for steps start+1 .. total, a fresh shuffle every epoch. The last
+        partial batch is dropped (a batch of one has no negatives; the official code keeps it)."""
         for step in range(start, self.total):
             epoch, position = divmod(step, self.per_epoch)
-            if position == 0 or step == start:
-                order = epoch_batches(len(data), self.cfg.batch_size, self.cfg.seed, epoch)
-            yield collate(tok, [data[i] for i in order[position]], self.device, self.width)
+            if position == 0 or step == start:  # a fresh permutation per (seed, epoch)
+                order = torch.randperm(len(data), generator=torch.Generator().manual_seed(
+                    self.cfg.seed * 1000 + epoch)).tolist()
+            rows = order[position * self.cfg.batch_size:(position + 1) * self.cfg.batch_size]
+            yield collate(tok, [data[i] for i in rows], self.device, self.width)
 
     def log_progress(self, step, stats):
         """A progress line about every 10 seconds between evaluations."""
         if time.time() - self.last_print > 10:
-            self.last_print, rate = time.time(), (step - self.first_step) / (time.time() - self.started)
+            rate = (step - self.first_step) / (time.time() - self.started)
+            self.last_print = time.time()
             self.log(f"step {step}/{self.total} | {_stats(stats)} | {rate:.2f} steps/s | eta "
                      f"{(self.total - step) / rate / 60:.1f} min")
 
     def evaluate(self, step, model, stats):
-        """STS-B dev Spearman of the raw [CLS] (no head), logged with alignment and uniformity; rank
-        0 evaluates (NaN on the others). `stats` are the last training step's."""
+        """STS-B dev Spearman of the raw [CLS], logged; rank 0 evaluates (NaN elsewhere)."""
         if self.rank > 0:
             return math.nan
         dev = self.dev.score(unwrap(model))
         align, uniform = self.dev.align_uniform
         self.dev_history.append([step, round(dev, 4)])
-        self.align_uniform.append([step, _finite(align), _finite(uniform)])
+        self.align_uniform.append([step, finite_or_none(align), finite_or_none(uniform)])
         self.stats_history.append([step, {k: float(v) for k, v in stats.items()}])
         best, at = (dev, step) if dev > self.best_dev else (self.best_dev, self.best_step)
         seconds, steps = time.time() - self.started, step - self.first_step
@@ -682,8 +614,7 @@ class Run:
         self.best_state = {k: v.detach().clone() for k, v in unwrap(model).state_dict().items()}
 
     def finish(self, model, tok, stopped=None):
-        """Best state -> 7-task test table (raw [CLS]), the saved model and results.json (which marks
-        the run finished) in out_dir; the checkpoint goes. Rank 0; the other ranks just return."""
+        """Best state -> test table, saved model and results.json in out_dir (rank 0 only)."""
         release_signals(self)
         if self.rank > 0:
             return {}
@@ -698,12 +629,13 @@ class Run:
                    "align_uniform": self.align_uniform, "align_uniform_on": "STS-B dev",
                    "best_step": self.best_step, "best_dev": round(self.best_dev, 4),
                    "test": {k: round(v, 4) for k, v in test.items() if k != "details"},
-                   "test_details": test["details"], "train_seconds": round(time.time() - self.started, 1),
+                   "test_details": test["details"],
+                   "train_seconds": round(time.time() - self.started, 1),
                    **({"stopped": stopped} if stopped else {})}
         write_json(self.out / "results.json", results)
         (self.out / "checkpoint.pt").unlink(missing_ok=True)
-        self.log(f"best stsb_dev {self.best_dev:.2f} @ step {self.best_step}; model and results.json "
-                 f"in {self.out}")
+        self.log(f"best stsb_dev {self.best_dev:.2f} @ step {self.best_step}; model and "
+                 f"results.json in {self.out}")
         return results
 
     def stop_non_finite(self, step, loss, model, tok):
@@ -711,24 +643,20 @@ class Run:
         msg = f"the loss became {loss} at step {step}: stopping (try a lower --lr)"
         self.log(msg)
         self.finish(model, tok, stopped=msg)
-        return TrainingStopped(f"{msg}; the best model so far (step {self.best_step}) is in {self.out}")
+        return TrainingStopped(f"{msg}; the best model (step {self.best_step}) is in {self.out}")
 
 
 def _stats(stats):  # "loss 0.1234 | rtd 0.5678"; step 0, before any training: "loss -"
     return " | ".join(f"{k} {float(v):.4f}" for k, v in stats.items()) or "loss -"
-
-
-def _finite(x, digits=6):
-    return round(x, digits) if math.isfinite(x) else None  # JSON has no NaN
-
-
 # ==================================================================================================
 # Part 2: operations, safe to skip when learning: files, downloads, input checks, resumable runs,
 # torchrun. They make the project safe and pleasant to run; Part 1 calls them by name.
 # ==================================================================================================
+import argparse
 import gc
 import hashlib
 import http.client
+import inspect
 import multiprocessing
 import os
 import shutil
@@ -738,6 +666,24 @@ import tempfile
 import threading
 import urllib.error
 import urllib.request
+
+class UserError(Exception):
+    """A problem with the user's input: one line on stderr, exit status 2, no traceback."""
+
+
+class CheckpointError(UserError):
+    """A model folder or checkpoint file that cannot be loaded as it is."""
+
+
+def set_seed(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def finite_or_none(x, digits=6):
+    return round(x, digits) if math.isfinite(x) else None  # JSON has no NaN
+
 
 # --- Files: atomic writes, JSON, safetensors ----------------------------------------------------
 
@@ -897,10 +843,17 @@ def read_model_folder(folder):
                               + ", ".join(f"{k}={values[k]!r}" for k in bad[:4]))
     tensors = read_weights(folder)
     stored = sum(t.numel() for t in tensors.values())
-    if cfg.n_params() > stored:
-        raise CheckpointError(f"{folder}: config.json describes {cfg.n_params():,} parameters but the "
+    if n_params(cfg) > stored:
+        raise CheckpointError(f"{folder}: config.json describes {n_params(cfg):,} parameters but the "
                               f"weights file holds {stored:,} numbers: they do not belong together")
     return cfg, tensors, kind
+
+
+def n_params(cfg):
+    """The encoder's parameter count a BertConfig implies (a size check before allocating)."""
+    H, I = cfg.hidden_size, cfg.intermediate_size
+    return (cfg.vocab_size + cfg.max_position_embeddings + cfg.type_vocab_size) * H + \
+        cfg.num_hidden_layers * (4 * H * H + 2 * H * I)
 
 
 def read_weights(folder):
@@ -1453,6 +1406,17 @@ def tokenize_file(tok, path, max_len):
     return data, time.time() - start, False
 
 
+def compile_encoder(run, model):
+    """--compile: torch.compile the encoder in place (Module.compile keeps the parameter names).
+    On CUDA, CUDA graphs want static shapes: batches are padded to max_len. model.encode (the
+    evaluation) stays eager."""
+    if run.cfg.compile:
+        run.width = run.cfg.max_len
+        model.compile(mode="reduce-overhead" if run.device.type == "cuda" else None)
+        run.log("compiled the encoder (torch.compile); the first steps include the compilation")
+    return model
+
+
 # --- Resumable runs: out_dir, checkpoint.pt, Ctrl-C and SIGTERM --------------------------------------
 #
 # out_dir/checkpoint.pt is one state dict: step, config, the objects train() names in `saved` (model,
@@ -1640,6 +1604,12 @@ def exit_on_signal(run, step):
 
 # --- torchrun: process group, DistributedDataParallel (shard and all_gather are in Part 1) -----------
 
+def world():
+    """(rank, number of processes); (0, 1) without a process group."""
+    on = dist.is_available() and dist.is_initialized()
+    return (dist.get_rank(), dist.get_world_size()) if on else (0, 1)
+
+
 def init_distributed(device):
     """Join torchrun's process group (it sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) -> this
     rank's device: NCCL and cuda:LOCAL_RANK on CUDA, gloo on the CPU. Without torchrun: nothing."""
@@ -1652,6 +1622,27 @@ def init_distributed(device):
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return device
+
+
+class _AllGather(torch.autograd.Function):
+    """[views, b, ...] on each rank -> [views, N*b, ...], rank order, everywhere; differentiable.
+    Backward: each rank's loss is the whole-batch loss L, so rank r's gradient is its slice of dL,
+    summed over ranks: DDP then averages parameter gradients over N, which the sum cancels, so one
+    step equals one process's step on the whole batch. [impl] tests/test_ddp.py checks this."""
+
+    @staticmethod
+    def forward(ctx, x):
+        parts = [torch.empty_like(x) for _ in range(world()[1])]
+        dist.all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim=1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()  # all_reduce works in place; the incoming buffer is autograd's
+        dist.all_reduce(grad)  # sum over ranks
+        rank, size = world()
+        b = grad.size(1) // size
+        return grad[:, rank * b:(rank + 1) * b]
 
 
 def wrap_ddp(module, device):
