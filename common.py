@@ -1682,189 +1682,180 @@ def rank0_first():
             dist.barrier()
 
 
-# ======== Part 3 (temporary) ========
+# ==================================================================================================
+# Part 3: the command line (python common.py eval | download | analyze) and the analysis figures
+# ==================================================================================================
+
 import xml.sax.saxutils
 
-POSITIVE_GOLD = 4.0  # STS-B pairs with a gold score > 4 are the positive pairs [SimCSE §5 fn. 3; DiffCSE Table 11]
-SCORE_GROUPS = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]  # the 5 gold-score groups of [SimCSE App. G]; edges ours
+# --- Analysis: alignment and uniformity, singular values, similarity by gold score -------------
+
+POSITIVE_GOLD = 4.0  # pairs with gold > 4 are positives [SimCSE §5 fn. 3; DiffCSE Table 11]
 
 
-def alignment(x, y):  # x, y [N, H] positive pairs -> E ||x - y||^2 of the L2-normalised vectors (lower is better)
+def alignment(x, y):  # x, y [N, H] positive pairs -> E ||x - y||^2, L2-normalised (lower is better)
     x, y = F.normalize(x.double(), dim=-1), F.normalize(y.double(), dim=-1)
-    return (x - y).pow(2).sum(-1).mean().item()  # [Wang & Isola 2020, Eq. 2]; NaN when there is no pair
+    return (x - y).pow(2).sum(-1).mean().item()  # [Wang & Isola 2020, Eq. 2]; NaN without a pair
 
 
-def uniformity(x):  # x [N, H] -> log E exp(-2 ||x_i - x_j||^2) over distinct pairs i < j (lower is better)
+def uniformity(x):  # x [N, H] -> log E exp(-2 ||x_i - x_j||^2) over pairs i < j (lower is better)
     x = F.normalize(x.double(), dim=-1)
-    return torch.pdist(x).pow(2).mul(-2).exp().mean().log().item()  # pdist: i < j only [Wang & Isola's code]
+    return torch.pdist(x).pow(2).mul(-2).exp().mean().log().item()  # i < j only [Wang & Isola]
 
 
-def align_uniform(a, b, gold, distinct):  # a, b [N, H] pair vectors, gold [N], distinct [M, H] -> (align, uniform)
+def align_uniform(a, b, gold, distinct):  # a, b [N, H] pairs, gold [N], distinct [M, H]
     positive = torch.as_tensor(np.asarray(gold) > POSITIVE_GOLD)  # [N] bool
     return alignment(a[positive], b[positive]), uniformity(distinct)
 
 
 def distinct_indices(sentences):
-    """Index of the first occurrence of each distinct sentence: uniformity counts a repeated sentence once."""
+    """The first index of each distinct sentence: uniformity counts a repeated sentence once."""
     first = {}
     for i, s in enumerate(sentences):
         first.setdefault(s, i)
     return sorted(first.values())
 
 
+SCORE_GROUPS = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]  # [SimCSE App. G]; the edges are ours
+GROUP_STATS = ("mean", "std", "min", "q05", "q25", "median", "q75", "q95", "max")
 
-SCORE_GROUPS = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]  # the 5 gold-score groups of [SimCSE App. G]; edges ours
+
 def singular_values(x):  # x [N, H] -> [min(N, H)], descending, the largest = 1 [SimCSE App. F]
-    """Singular values of the matrix of L2-normalised rows (not mean-centred: the shared direction of an
-    anisotropic space is what the spectrum should show), divided by the largest."""
-    s = torch.linalg.svdvals(F.normalize(x.double(), dim=-1))
+    """Of the L2-normalised rows, not mean-centred: the spectrum should show a shared direction."""
+    s = torch.linalg.svdvals(F.normalize(x.double(), dim=-1))  # [min(N, H)]
     return (s / s[0]).numpy()
 
 
 def similarity_by_score(sims, gold):
-    """Cosine statistics per gold-score group (0-1, ..., 4-5; the last group includes 5) [SimCSE App. G]."""
-    sims, gold = np.asarray(sims, dtype=float), np.asarray(gold, dtype=float)
+    """Cosine statistics per gold-score group (0-1, ..., 4-5; 4-5 includes 5) [SimCSE App. G]."""
+    sims, gold = np.asarray(sims, dtype=float), np.asarray(gold, dtype=float)  # [N] each
     groups = []
     for lo, hi in SCORE_GROUPS:
-        s = sims[(gold >= lo) & ((gold < hi) if hi < 5 else (gold <= hi))]
-        q = np.quantile(s, [0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0]).tolist() if len(s) else [math.nan] * 7
-        groups.append({"group": f"{lo}-{hi}", "count": len(s), "mean": float(s.mean()) if len(s) else math.nan,
-                       "std": float(s.std()) if len(s) else math.nan,
-                       **dict(zip(["min", "q05", "q25", "median", "q75", "q95", "max"], q))})
+        s = sims[(gold >= lo) & ((gold < hi) if hi < 5 else (gold <= hi))]  # [n]
+        q = np.quantile(s, [0, 0.05, 0.25, 0.5, 0.75, 0.95, 1]) if len(s) else []  # min ... max
+        stats = map(float, [s.mean(), s.std(), *q] if len(s) else [math.nan] * 9)
+        groups.append({"group": f"{lo}-{hi}", "count": len(s), **dict(zip(GROUP_STATS, stats))})
     return groups
 
 
 def analyze_model(model, tok, root, pooler="cls", split="test", batch_size=128):
-    """Alignment (pairs with gold > 4), uniformity (distinct sentences), the singular values and the cosine
-    statistics per gold group, all on one STS-B split, with the vectors of `eval` (same pooler)."""
+    """Alignment, uniformity, singular values and similarity by score on one STS-B split."""
     a, b, gold = load_sts_split(root, "STSBenchmark", split)
-    unique = sorted(set(a + b))
+    unique = sorted(set(a + b))  # uniformity counts a repeated sentence once
     index = {s: i for i, s in enumerate(unique)}
-    vectors = encode_sentences(model, tok, unique, pooler, batch_size)  # [M, H]
+    vectors = encode_sentences(model, tok, unique, pooler, batch_size)  # [M, H], as `eval` has them
     va, vb = vectors[[index[s] for s in a]], vectors[[index[s] for s in b]]  # [N, H] each
-    align, uniform = align_uniform(va, vb, gold, vectors)
-    sims = cosine(va, vb)  # [N]
+    (align, uniform), sims = align_uniform(va, vb, gold, vectors), cosine(va, vb)  # sims [N]
     return {"split": f"STS-B {split}", "pooler": pooler, "pairs": len(gold),
             "positive_pairs": int((gold > POSITIVE_GOLD).sum()), "sentences": len(unique),
-            "alignment": align, "uniformity": uniform, "stsb_spearman": 100 * scipy.stats.spearmanr(sims, gold)[0],
+            "alignment": align, "uniformity": uniform,
+            "stsb_spearman": 100 * scipy.stats.spearmanr(sims, gold)[0],
             "singular_values": singular_values(vectors).tolist(),
             "similarity_by_score": similarity_by_score(sims, gold)}
 
 
-# --- Figures: a small SVG writer and the three analysis plots (no plotting dependency) ---------------------------
+# --- Figures: a small SVG writer and the three analysis plots (no plotting dependency) -----------
 
-COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")  # matplotlib's tab10
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 
 class SVG:
-    """Just enough SVG for line, point and box plots: each element is one string; `source()` is the file."""
+    """Just enough SVG for line, point and box plots: one string per element, numbers to 0.1 px."""
 
-    def __init__(self, width, height):
-        self.width, self.height, self.items = width, height, []
+    def __init__(self, w, h):
+        self.items = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
+                      f'viewBox="0 0 {w} {h}">', '<rect width="100%" height="100%" fill="#fff"/>']
 
-    def add(self, tag, content="", **attrs):  # attribute names: stroke_width -> stroke-width; None values dropped
-        attrs = " ".join(f'{k.replace("_", "-")}="{_svg_value(v)}"' for k, v in attrs.items() if v is not None)
-        escaped = xml.sax.saxutils.escape(content)
-        self.items.append(f"<{tag} {attrs}>{escaped}</{tag}>" if content else f"<{tag} {attrs}/>")
+    def add(self, tag, content="", **attrs):  # stroke_width -> stroke-width; None values dropped
+        values = {k.replace("_", "-"): f"{v:.1f}" if isinstance(v, float) else str(v)
+                  for k, v in attrs.items() if v is not None}
+        attrs = "".join(f" {k}={xml.sax.saxutils.quoteattr(v)}" for k, v in values.items())
+        body = xml.sax.saxutils.escape(content)
+        self.items.append(f"<{tag}{attrs}>{body}</{tag}>" if content else f"<{tag}{attrs}/>")
 
-    def line(self, x1, y1, x2, y2, stroke="#000", width=1, dash=None):
-        self.add("line", x1=x1, y1=y1, x2=x2, y2=y2, stroke=stroke, stroke_width=width, stroke_dasharray=dash)
+    def line(self, x1, y1, x2, y2, stroke="#000", width=1):
+        self.add("line", x1=x1, y1=y1, x2=x2, y2=y2, stroke=stroke, stroke_width=width)
 
     def polyline(self, points, stroke, width=1.5, dash=None):
-        self.add("polyline", points=" ".join(f"{x:.1f},{y:.1f}" for x, y in points), fill="none", stroke=stroke,
-                 stroke_width=width, stroke_dasharray=dash, stroke_linejoin="round")
+        self.add("polyline", points=" ".join(f"{x:.1f},{y:.1f}" for x, y in points), fill="none",
+                 stroke=stroke, stroke_width=width, stroke_dasharray=dash, stroke_linejoin="round")
 
     def circle(self, x, y, r, fill, stroke=None, width=1):
-        self.add("circle", cx=x, cy=y, r=r, fill=fill, stroke=stroke, stroke_width=width if stroke else None)
+        self.add("circle", cx=x, cy=y, r=r, fill=fill, stroke=stroke, stroke_width=stroke and width)
 
     def rect(self, x, y, w, h, fill="none", stroke="#000", width=1, opacity=None):
-        self.add("rect", x=x, y=y, width=w, height=h, fill=fill, fill_opacity=opacity, stroke=stroke,
-                 stroke_width=width)
+        self.add("rect", x=x, y=y, width=w, height=h, fill=fill, fill_opacity=opacity,
+                 stroke=stroke, stroke_width=width)
 
     def text(self, x, y, s, size=12, anchor="middle", rotate=False, weight=None, fill="#000"):
-        self.add("text", str(s), x=x, y=y, font_size=size, text_anchor=anchor, font_weight=weight, fill=fill,
-                 font_family="sans-serif", transform=f"rotate(-90 {x:.1f} {y:.1f})" if rotate else None)
-
-    def source(self):
-        return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{self.width}" height="{self.height}" '
-                f'viewBox="0 0 {self.width} {self.height}">\n<rect width="100%" height="100%" fill="#fff"/>\n'
-                + "\n".join(self.items) + "\n</svg>\n")
+        turn = f"rotate(-90 {x:.1f} {y:.1f})" if rotate else None
+        self.add("text", str(s), x=x, y=y, font_size=size, text_anchor=anchor, font_weight=weight,
+                 fill=fill, font_family="sans-serif", transform=turn)
 
     def save(self, path):
         with atomic_write(path) as f:
-            f.write(self.source())
+            f.write("\n".join(self.items) + "\n</svg>\n")
 
 
-def _svg_value(v):
-    return f"{v:.1f}" if isinstance(v, float) else xml.sax.saxutils.escape(str(v), {'"': "&quot;"})
-
-
-def nice_ticks(lo, hi, n=7):
-    """About n round values (1, 2 or 5 x 10^k apart) inside [lo, hi]."""
+def nice_ticks(lo, hi, n=7, log=False):
+    """(value, label) of about n round values (1, 2 or 5 x 10^k apart) in [lo, hi]; log: 10^k."""
+    if log:
+        powers = range(math.ceil(math.log10(lo) - 1e-9), math.floor(math.log10(hi) + 1e-9) + 1)
+        return [(10.0 ** k, f"{10.0 ** k:g}") for k in powers]
     raw = (hi - lo) / n
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw * 0.999)
     first = math.ceil(lo / step - 1e-9) * step
     digits = max(0, -math.floor(math.log10(step) + 1e-9))
-    return [(first + i * step, f"{first + i * step:.{digits}f}") for i in range(int((hi - first) / step + 1e-9) + 1)]
+    count = int((hi - first) / step + 1e-9) + 1
+    return [(first + i * step, f"{first + i * step:.{digits}f}") for i in range(count)]
 
 
 class Axes:
-    """A plotting rectangle of an SVG: data -> pixels (linear, or log10 on y), frame, grid, ticks, labels, legend."""
+    """A plotting rectangle of an SVG: data -> pixels (linear, or log10 on y), frame and legend."""
 
     def __init__(self, svg, box, xlim, ylim, ylog=False):
         self.svg, (self.left, self.top, self.w, self.h) = svg, box
         self.xlim, self.ylim, self.ylog = xlim, ylim, ylog
 
     def px(self, x):
-        lo, hi = self.xlim
-        return self.left + (x - lo) / (hi - lo) * self.w
+        return self.left + (x - self.xlim[0]) / (self.xlim[1] - self.xlim[0]) * self.w
 
     def py(self, y):
-        lo, hi = self.ylim
-        if self.ylog:
-            lo, hi, y = math.log10(lo), math.log10(hi), math.log10(y)
+        lo, hi, y = (math.log10(v) for v in (*self.ylim, y)) if self.ylog else (*self.ylim, y)
         return self.top + self.h - (y - lo) / (hi - lo) * self.h
 
-    def yticks(self):
-        if not self.ylog:
-            return nice_ticks(*self.ylim)
-        lo, hi = (math.log10(v) for v in self.ylim)
-        return [(10.0 ** k, f"{10.0 ** k:g}") for k in range(math.ceil(lo - 1e-9), math.floor(hi + 1e-9) + 1)]
-
-    def frame(self, title, xlabel, ylabel, xticks=None, xgrid=True):
-        s, bottom = self.svg, self.top + self.h
-        for t, label in self.yticks():
-            s.line(self.left, self.py(t), self.left + self.w, self.py(t), "#e0e0e0")
-            s.line(self.left - 4, self.py(t), self.left, self.py(t))
-            s.text(self.left - 7, self.py(t) + 4, label, 11, "end")
+    def frame(self, title, xlabel, ylabel, xticks=None, xgrid=True):  # x tick labels: 1-2 lines
+        s, left, top, bottom = self.svg, self.left, self.top, self.top + self.h
+        for t, label in nice_ticks(*self.ylim, log=self.ylog):  # grid line, tick, label
+            s.line(left, self.py(t), left + self.w, self.py(t), "#e0e0e0")
+            s.line(left - 4, self.py(t), left, self.py(t))
+            s.text(left - 7, self.py(t) + 4, label, 11, "end")
         for t, label in xticks or nice_ticks(*self.xlim):
             if xgrid:
-                s.line(self.px(t), self.top, self.px(t), bottom, "#e0e0e0")
+                s.line(self.px(t), top, self.px(t), bottom, "#e0e0e0")
             s.line(self.px(t), bottom, self.px(t), bottom + 4)
             for i, part in enumerate(label.split("\n")):
                 s.text(self.px(t), bottom + 17 + 13 * i, part, 11)
-        s.rect(self.left, self.top, self.w, self.h)
-        s.text(self.left + self.w / 2, self.top - 14, title, 14, weight="bold")
-        s.text(self.left + self.w / 2, bottom + (58 if xticks else 40), xlabel, 12)
-        s.text(self.left - 52, self.top + self.h / 2, ylabel, 12, rotate=True)
+        s.rect(left, top, self.w, self.h)
+        s.text(left + self.w / 2, top - 14, title, 14, weight="bold")
+        s.text(left + self.w / 2, bottom + (58 if xticks else 40), xlabel, 12)
+        s.text(left - 52, top + self.h / 2, ylabel, 12, rotate=True)
 
-    def legend(self, entries, x, y, notes=()):
-        """entries: (label, color, kind) with kind 'line', 'wide line', 'point' or 'box'; drawn from (x, y) down, boxed;
-        notes: grey lines of explanation below the box."""
+    def legend(self, entries, x, y, notes=()):  # entries (label, color, kind), notes below in grey
+        s, rows = self.svg, 18 * len(entries)
         width = 40 + 6.5 * max(len(label) for label, _, _ in entries)
-        self.svg.rect(x - 6, y - 12, width, 18 * len(entries) + 6, fill="#fff", stroke="#999")
-        for i, (label, color, kind) in enumerate(entries):
-            yy = y + 18 * i
+        s.rect(x - 6, y - 12, width, rows + 6, fill="#fff", stroke="#999")
+        for yy, (label, color, kind) in zip(range(y, y + rows, 18), entries):
             if kind in ("line", "wide line"):
-                self.svg.line(x, yy, x + 22, yy, color, 4 if kind == "wide line" else 2)
+                s.line(x, yy, x + 22, yy, color, 4 if kind == "wide line" else 2)
             elif kind == "box":
-                self.svg.rect(x + 4, yy - 6, 14, 12, fill=color, stroke="#000", opacity=0.5)
-            else:
-                self.svg.circle(x + 11, yy, 5, color, "#000")
-            self.svg.text(x + 30, yy + 4, label, 11, "start")
+                s.rect(x + 4, yy - 6, 14, 12, fill=color, stroke="#000", opacity=0.5)
+            else:  # "point"
+                s.circle(x + 11, yy, 5, color, "#000")
+            s.text(x + 30, yy + 4, label, 11, "start")
         for i, note in enumerate(notes):
-            self.svg.text(x - 6, y + 18 * len(entries) + 14 + 15 * i, note, 11, "start", fill="#555")
+            s.text(x - 6, y + rows + 14 + 15 * i, note, 11, "start", fill="#555")
 
 
 def _limits(values, pad=0.08):
@@ -1874,193 +1865,223 @@ def _limits(values, pad=0.08):
 
 
 def plot_plane(models, runs, path):
-    """Alignment (y) against uniformity (x) on STS-B dev, lower-left is better [SimCSE Fig. 2]: one point per model
-    and each training run's trajectory through its evaluations (dev, where training measured them)."""
+    """Alignment against uniformity on STS-B dev: models and runs' paths [SimCSE Fig. 2]."""
     pts = [(m["dev"]["uniformity"], m["dev"]["alignment"]) for m in models]
-    traj = [[(u, a) for _, a, u in r["align_uniform"] if a is not None and u is not None] for r in runs]
-    xs, ys = zip(*[p for p in pts + [p for t in traj for p in t] if all(map(math.isfinite, p))] or [(0, 0)])
+    traj = [[(u, a) for _, a, u in r["align_uniform"] if None not in (a, u)] for r in runs]
+    xs, ys = zip(*[p for p in pts + sum(traj, []) if all(map(math.isfinite, p))] or [(0, 0)])
     svg = SVG(820, 490)
     ax = Axes(svg, (80, 40, 440, 390), _limits(xs), _limits(ys))
-    ax.frame("Alignment vs uniformity, STS-B dev", "uniformity  log E exp(-2‖x − y‖²)  (lower is better)",
+    ax.frame("Alignment vs uniformity, STS-B dev",
+             "uniformity  log E exp(-2‖x − y‖²)  (lower is better)",
              "alignment  E‖x − x⁺‖²  (lower is better)")
     for r, t in zip(runs, traj):
         svg.polyline([(ax.px(u), ax.py(a)) for u, a in t], r["color"], 1.5, dash="5,3")
         for u, a in t[1:]:
             svg.circle(ax.px(u), ax.py(a), 2.5, r["color"])
-    for i, (m, (u, a)) in enumerate(zip(models, pts)):  # the first (reference) model larger: a ring if covered
-        if math.isfinite(u) and math.isfinite(a):  # NaN alignment: no pair with gold > 4 (tiny data sets only)
+    for i, (m, (u, a)) in enumerate(zip(models, pts)):  # the reference model larger: a ring
+        if math.isfinite(u) and math.isfinite(a):  # NaN alignment: no pair with gold > 4
             svg.circle(ax.px(u), ax.py(a), 6 if i else 8.5, m["color"], "#000")
     svg.text(ax.left + 8, ax.top + ax.h - 8, "↙ lower-left is better", 11, "start", fill="#666")
-    entries = [(m["name"], m["color"], "point") for m in models]
-    entries += [(f"{r['name']}: steps {r['align_uniform'][0][0]}→{r['align_uniform'][-1][0]}", r["color"], "line")
-                for r in runs]
-    ax.legend(entries, 545, 52, ["big points: the models;", "small dots: a run's evaluations"] if runs else [])
+    steps = [f"{r['name']}: steps {r['align_uniform'][0][0]}→{r['align_uniform'][-1][0]}"
+             for r in runs]
+    ax.legend([(m["name"], m["color"], "point") for m in models] + [
+        (s, r["color"], "line") for s, r in zip(steps, runs)], 545, 52,
+        ["big points: the models;", "small dots: a run's evaluations"] if runs else [])
     svg.save(path)
 
 
 def plot_singular_values(models, path):
-    """Normalised singular values of the STS-B test embedding matrix, log scale [SimCSE App. F]: flatter is more
-    isotropic."""
+    """Singular values over the largest, log scale [SimCSE App. F]: flatter is more isotropic."""
     curves = [np.asarray(m["test"]["singular_values"]) for m in models]
-    # the floor covers 99% of the values; the last few can be ~0 (all-MiniLM-L6-v2 has three dead output dimensions:
-    # final LayerNorm weight and bias ~1e-32) and would squash the rest: they are drawn at the floor
+    # the floor holds 99% of the values; the last few can be ~0 (all-MiniLM-L6-v2 has three dead
+    # output dimensions: LayerNorm weight and bias ~1e-32) and are drawn at the floor
     low = 10 ** math.floor(math.log10(max(min(np.quantile(c, 0.01) for c in curves), 1e-12)))
-    curves = [np.maximum(c, low) for c in curves]
     n = max(len(c) for c in curves)
     svg = SVG(820, 450)
     ax = Axes(svg, (80, 40, 440, 350), (1, n), (low, 1.0), ylog=True)
     ax.frame("Singular values of the embedding matrix, STS-B test", "index (descending)",
              "singular value / largest")
-    for k, (m, c) in enumerate(zip(models, curves)):  # the first (reference) model wider: a halo if covered
-        svg.polyline([(ax.px(i + 1), ax.py(v)) for i, v in enumerate(c)], m["color"], 1.6 if k else 4)
-    ax.legend([(m["name"], m["color"], "line" if k else "wide line") for k, m in enumerate(models)], 545, 52,
-              [f"{n} values; rows L2-normalised;", "values below the axis: drawn at its floor"])
+    for k, (m, c) in enumerate(zip(models, curves)):  # the reference model wider: a halo
+        points = [(ax.px(i + 1), ax.py(v)) for i, v in enumerate(np.maximum(c, low))]
+        svg.polyline(points, m["color"], 1.6 if k else 4)
+    ax.legend([(m["name"], m["color"], "line" if k else "wide line") for k, m in enumerate(models)],
+              545, 52, [f"{n} values; rows L2-normalised;", "values below the axis: drawn at its "
+                        "floor"])
     svg.save(path)
 
 
 def plot_similarity_by_score(models, path):
-    """Cosine similarity of STS-B test pairs per gold-score group, one box per model [SimCSE App. G]: box = quartiles,
-    line = median, whiskers = 5th-95th percentiles, dot = mean."""
-    groups = [g["group"] for g in models[0]["test"]["similarity_by_score"]]
-    stats = [[g for g in m["test"]["similarity_by_score"]] for m in models]
+    """STS-B test cosines per gold-score group, a box per model [SimCSE App. G]."""
+    stats = [m["test"]["similarity_by_score"] for m in models]
     values = [v for st in stats for g in st for v in (g["q05"], g["q95"]) if math.isfinite(v)]
     svg = SVG(820, 470)
-    ax = Axes(svg, (80, 40, 440, 350), (0, len(groups)), _limits(values))
-    counts = [g["count"] for g in stats[0]]
+    ax = Axes(svg, (80, 40, 440, 350), (0, len(stats[0])), _limits(values))
     ax.frame("Cosine similarity by gold score, STS-B test", "gold score group", "cosine similarity",
-             xticks=[(i + 0.5, f"{g}\nn={c}") for i, (g, c) in enumerate(zip(groups, counts))], xgrid=False)
+             [(i + 0.5, f"{g['group']}\nn={g['count']}") for i, g in enumerate(stats[0])], False)
     width = 0.8 / len(models)
     for k, (m, st) in enumerate(zip(models, stats)):
-        for i, g in enumerate(st):
-            if not g["count"]:
-                continue
-            x0, x1 = ax.px(i + 0.1 + k * width + 0.1 * width), ax.px(i + 0.1 + (k + 1) * width - 0.1 * width)
-            xm = (x0 + x1) / 2
-            svg.line(xm, ax.py(g["q05"]), xm, ax.py(g["q95"]), m["color"], 1.2)
-            svg.rect(x0, ax.py(g["q75"]), x1 - x0, ax.py(g["q25"]) - ax.py(g["q75"]), m["color"], m["color"], 1, 0.35)
-            svg.line(x0, ax.py(g["median"]), x1, ax.py(g["median"]), "#000", 1.5)
-            svg.circle(xm, ax.py(g["mean"]), 2, "#fff", "#000", 0.8)
+        for i, g in enumerate(st):  # whiskers q05-q95, box q25-q75, median line, mean dot
+            if g["count"]:
+                x0 = ax.px(i + 0.1 + k * width + 0.1 * width)
+                x1 = ax.px(i + 0.1 + (k + 1) * width - 0.1 * width)
+                q25, q75, xm = ax.py(g["q25"]), ax.py(g["q75"]), (x0 + x1) / 2
+                svg.line(xm, ax.py(g["q05"]), xm, ax.py(g["q95"]), m["color"], 1.2)
+                svg.rect(x0, q75, x1 - x0, q25 - q75, m["color"], m["color"], 1, 0.35)
+                svg.line(x0, ax.py(g["median"]), x1, ax.py(g["median"]), "#000", 1.5)
+                svg.circle(xm, ax.py(g["mean"]), 2, "#fff", "#000", 0.8)
     ax.legend([(m["name"], m["color"], "box") for m in models], 545, 52,
               ["box: quartiles; line: median; dot: mean;", "whiskers: 5th to 95th percentile"])
     svg.save(path)
 
-# --- Command line: python common.py eval | download | analyze -----------------------------------------------------
+
+# --- Command line: python common.py eval | download | analyze ------------------------------------
 
 def cli(argv=None):
-    parser = argparse.ArgumentParser(prog="common.py",
-                                     description="simcse-min tools: STS evaluation, embedding analysis, downloads.")
+    """python common.py eval | download | analyze, each with --help."""
+    parser = argparse.ArgumentParser(prog="common.py", description="simcse-min tools: STS "
+                                     "evaluation, embedding analysis, downloads.")
     sub = parser.add_subparsers(dest="command", required=True)
-    ev = sub.add_parser("eval", help="STS evaluation of a model, as the papers report it",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ev.add_argument("--model", required=True, help="model folder or known name (e.g. bert-base-uncased)")
-    ev.add_argument("--pooler", default="cls", choices=POOLERS,
-                    help="cls: raw last-layer [CLS] (the papers' test vector); avg: mean of the last layer; "
-                         "avg_first_last: mean of embedding output and last layer; avg_top2: last two layers")
-    ev.add_argument("--senteval", default="", help="SentEval data folder (holding STS/ and SICK/, or downstream/)")
+    fmt = {"formatter_class": argparse.ArgumentDefaultsHelpFormatter}
+    ev = sub.add_parser("eval", help="STS evaluation of a model, as the papers report it", **fmt)
+    dl = sub.add_parser("download", help="fetch a model or data set into ~/.cache/simcse-min "
+                        "(needs internet)")
+    data = ", ".join(k for k in KNOWN_DATA if k != "senteval.tar")
+    dl.add_argument("what", help=f"senteval, a data file ({data}) or a model "
+                                 f"({', '.join(KNOWN_MODELS)})")
+    an = sub.add_parser("analyze", help="alignment/uniformity, singular values, similarity by gold "
+                        "score: JSON + SVGs", **fmt)
+    pooler = ("cls: raw last-layer [CLS] (the papers' test vector); avg: mean of the last layer; "
+              "avg_first_last: mean of embedding output and last layer; avg_top2: last two layers")
+    for p, model, pooler in ((ev, "e.g. bert-base-uncased", pooler),
+                             (an, "the first point of every figure",
+                              "sentence vector, as in `eval`")):
+        p.add_argument("--model", required=True, help=f"model folder or known name ({model})")
+        p.add_argument("--pooler", default="cls", choices=POOLERS, help=pooler)
+        p.add_argument("--senteval", default="", help="SentEval data folder (holding STS/ and "
+                       "SICK/, or downstream/)")
+        p.add_argument("--batch_size", type=int, default=128, help="sentences per encoding batch")
+        p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     ev.add_argument("--mode", default="test", choices=("test", "dev"),
                     help="test: STS12-16, STS-B and SICK-R test; dev: STS-B dev and SICK-R trial")
     ev.add_argument("--json", default="", help="also write the scores to this JSON file")
-    ev.add_argument("--batch_size", type=int, default=128, help="sentences per encoding batch")
-    ev.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
-    dl = sub.add_parser("download", help="fetch a model or data set into ~/.cache/simcse-min (needs internet)")
-    dl.add_argument("what", help=f"senteval, a data file ({', '.join(k for k in KNOWN_DATA if k != 'senteval.tar')})"
-                                 f" or a model ({', '.join(KNOWN_MODELS)})")
-    an = sub.add_parser("analyze", help="alignment/uniformity, singular values, similarity by gold score: JSON + SVGs",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    an.add_argument("--model", required=True, help="model folder or known name (the first point of every figure)")
-    an.add_argument("--compare", nargs="+", default=[], help="more model folders or names, drawn beside it")
-    an.add_argument("--runs", nargs="+", default=[], help="results.json files whose alignment/uniformity history "
-                                                          "is drawn as a trajectory (a model folder's own is found)")
-    an.add_argument("--senteval", default="", help="SentEval data folder (holding STS/ and SICK/, or downstream/)")
-    an.add_argument("--out", required=True, help="folder for analysis.json and the three .svg figures")
-    an.add_argument("--pooler", default="cls", choices=POOLERS, help="sentence vector, as in `eval`")
-    an.add_argument("--batch_size", type=int, default=128, help="sentences per encoding batch")
-    an.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
+    an.add_argument("--compare", nargs="+", default=[], help="more model folders or names, drawn "
+                    "beside it")
+    an.add_argument("--runs", nargs="+", default=[], help="results.json files whose alignment/"
+                    "uniformity history is drawn as a trajectory (a model folder's own is found)")
+    an.add_argument("--out", required=True, help="folder for analysis.json and the three .svg "
+                    "figures")
     args = parser.parse_args(argv)
-    if args.command == "eval":
-        return run_eval(args)
-    if args.command == "analyze":
-        return run_analyze(args)
-    if args.what == "senteval":
-        print(download_senteval())
-    elif args.what in KNOWN_DATA:
-        print(resolve_data(args.what))
-    else:
-        print(resolve_model(args.what))
+    if args.command != "download":
+        return run_eval(args) if args.command == "eval" else run_analyze(args)
+    what = args.what
+    print(download_senteval() if what == "senteval" else resolve_data(what) if what in KNOWN_DATA
+          else resolve_model(what))
 
 
 def run_eval(args):
-    device = resolve_device(args.device)
-    root = resolve_senteval(args.senteval, args.mode)
-    if args.json:
-        Path(args.json).expanduser().parent.mkdir(parents=True, exist_ok=True)  # fail before the run, not after
+    """The STS table of one model, as the papers report it (and --json)."""
+    device, root, _ = check_cli_inputs(args, [args.model], [args.mode])
     tok, model = Tokenizer.from_pretrained(args.model), Bert.from_pretrained(args.model).to(device)
     results = evaluate_sts(model, tok, root, args.mode, args.pooler, args.batch_size)
-    print(format_table(results))
-    print(f"({results['details']['sentences_encoded']} sentences encoded in {results['details']['seconds']:.1f}s)")
+    details = results["details"]
+    print(format_table(results) + f"\n({details['sentences_encoded']} sentences encoded in "
+                                  f"{details['seconds']:.1f}s)")
     if args.json:
-        with atomic_write(args.json) as f:
-            json.dump(results, f, indent=2)
+        write_json(args.json, nan_to_null(results), indent=1)
     return results
 
 
 def run_analyze(args):
-    """Alignment/uniformity, singular values and similarity-by-score of each model on STS-B test (and dev, where
-    training logged its trajectory) -> analysis.json and three SVG figures in --out."""
-    device = resolve_device(args.device)
-    root = resolve_senteval(args.senteval)
-    check_senteval(root, "dev")
-    runs = [load_run(p) for p in args.runs]  # bad --runs fail before the encoding, not after
-    out = Path(args.out).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
+    """Each model on STS-B test and dev, each run's dev path -> analysis.json, 3 SVGs in --out."""
+    names, runs, out = [args.model, *args.compare], list(args.runs), Path(args.out).expanduser()
+    for found in (Path(name).expanduser() / "results.json" for name in names):  # a model's own run
+        if found.is_file() and found.resolve() not in [Path(r).expanduser().resolve()
+                                                       for r in runs]:
+            runs.append(found)
+    device, root, runs = check_cli_inputs(args, names, ["test", "dev"], runs)
     models = []
-    for i, name in enumerate([args.model, *args.compare]):
+    for i, name in enumerate(names):
         tok, model = Tokenizer.from_pretrained(name), Bert.from_pretrained(name).to(device)
-        models.append({"name": _model_label(name, models), "path": str(name), "color": COLORS[i % len(COLORS)],
-                       **{split: analyze_model(model, tok, root, args.pooler, split, args.batch_size)
-                          for split in ("test", "dev")}})
-        found = Path(name).expanduser() / "results.json"
-        if found.is_file() and found.resolve() not in {Path(r["path"]).resolve() for r in runs}:
-            runs.append(load_run(found))
+        label = Path(str(name)).name or str(name)
+        label += f" #{i + 1}" if label in [m["name"] for m in models] else ""
+        models.append({"name": label, "path": str(name), "color": COLORS[i % len(COLORS)],
+                       **{split: analyze_model(model, tok, root, args.pooler, split,
+                                               args.batch_size) for split in ("test", "dev")}})
+    colors = {Path(m["path"]).expanduser().resolve(): m["color"] for m in reversed(models)}
     for j, r in enumerate(runs):  # a run drawn in its model's colour, else in the next free one
-        owner = [m for m in models if Path(m["path"]).expanduser().resolve() == Path(r["path"]).resolve().parent]
-        r["color"] = owner[0]["color"] if owner else COLORS[(len(models) + j) % len(COLORS)]
+        r["color"] = colors.get(Path(r["path"]).resolve().parent, COLORS[(len(models) + j) % 8])
     plot_plane(models, runs, out / "align_uniform.svg")
     plot_singular_values(models, out / "singular_values.svg")
     plot_similarity_by_score(models, out / "similarity_by_score.svg")
-    with atomic_write(out / "analysis.json") as f:
-        json.dump({"pooler": args.pooler, "models": models, "runs": runs}, f, indent=1)
-    print(format_analysis(models))
-    print(f"analysis.json, align_uniform.svg, singular_values.svg, similarity_by_score.svg in {out}")
+    analysis = {"pooler": args.pooler, "models": models, "runs": runs}
+    write_json(out / "analysis.json", nan_to_null(analysis), indent=1)
+    print(f"{'model':<28} | stsb test | align test | uniform test | align dev | uniform dev")
+    for m in models:
+        t, d = m["test"], m["dev"]
+        print(f"{m['name'][:28]:<28} | {t['stsb_spearman']:9.2f} | {t['alignment']:10.4f} | "
+              f"{t['uniformity']:12.4f} | {d['alignment']:9.4f} | {d['uniformity']:11.4f}")
+    print(f"analysis.json, align_uniform.svg, singular_values.svg, similarity_by_score.svg "
+          f"in {out}")
     return models
 
 
+def check_cli_inputs(args, names, modes, runs=()):
+    """Every input checked before any work, all problems in one UserError line; then the output's
+    folder is made. -> (device, SentEval root, the runs loaded)"""
+    problems, root = [], None
+
+    def attempt(fn, *fn_args):  # fn(*fn_args), or None with its UserError kept
+        try:
+            return fn(*fn_args)
+        except UserError as e:
+            problems.append(str(e))
+
+    device = attempt(resolve_device, args.device)
+    if args.batch_size < 1:
+        problems.append(f"--batch_size {args.batch_size}: must be at least 1")
+    for name in names:  # a known name is fetched when it is loaded; anything else must be here now
+        known = str(name) in KNOWN_MODELS and not Path(name).expanduser().is_dir()
+        folder = None if known else attempt(resolve_model, name)
+        problems += [f"model folder {folder} has no {f}" for f in ("config.json", "vocab.txt")
+                     if folder and not (folder / f).is_file()]
+    runs = [attempt(load_run, path) for path in runs]
+    flag, out = ("--out", args.out) if args.command == "analyze" else ("--json", args.json)
+    if out:  # a folder (--out) or a file (--json) can be made there: checked, nothing created
+        p, is_dir = Path(out).expanduser().absolute(), flag == "--out"
+        folder = p if is_dir else p.parent  # where the output goes
+        base = next(a for a in (folder, *folder.parents) if a.exists())  # its nearest existing part
+        if p.exists() and p.is_dir() != is_dir or not (base.is_dir() and os.access(base, os.W_OK)):
+            problems.append(f"{flag} {out}: cannot write a {'folder' if is_dir else 'file'} there")
+    if args.senteval or not problems:  # no --senteval may mean a download: only if all else is well
+        root = attempt(resolve_senteval, args.senteval, modes[0])
+        for mode in modes[1:] if root else ():
+            attempt(check_senteval, root, mode)
+    if problems:
+        raise UserError("; ".join(problems))
+    if out:
+        folder.mkdir(parents=True, exist_ok=True)
+    return device, root, runs
+
+
 def load_run(path):
+    """A training run's results.json -> its name and alignment/uniformity history."""
     p = Path(path).expanduser()
     try:
         r = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise UserError(f"--runs {path}: cannot read it as a results.json ({e})")
-    if not r.get("align_uniform"):
-        raise UserError(f"--runs {path}: no align_uniform history (written by training runs since issue 10)")
+    if not (isinstance(r, dict) and r.get("align_uniform")):
+        raise UserError(f"--runs {path}: no align_uniform history (written by training runs "
+                        f"since issue 10)")
     method, folder = r.get("method", "run"), p.parent.name
     return {"path": str(p), "name": method if folder == method else f"{method} ({folder})",
-            "align_uniform": r["align_uniform"], "align_uniform_on": r.get("align_uniform_on", "STS-B dev")}
+            "align_uniform": r["align_uniform"],
+            "align_uniform_on": r.get("align_uniform_on", "STS-B dev")}
 
 
-def _model_label(name, earlier):
-    label = Path(str(name)).name or str(name)
-    return label if label not in {m["name"] for m in earlier} else f"{label} #{len(earlier) + 1}"
-
-
-def format_analysis(models):
-    """One line per model: STS-B test Spearman, alignment and uniformity on test and dev."""
-    lines = [f"{'model':<28} | stsb test | align test | uniform test | align dev | uniform dev"]
-    for m in models:
-        t, d = m["test"], m["dev"]
-        lines.append(f"{m['name'][:28]:<28} | {t['stsb_spearman']:9.2f} | {t['alignment']:10.4f} | "
-                     f"{t['uniformity']:12.4f} | {d['alignment']:9.4f} | {d['uniformity']:11.4f}")
-    return "\n".join(lines)
+def nan_to_null(obj):
+    """NaN and infinities (no positive pair, an empty group) -> None: strict JSON has no NaN."""
+    return json.loads(json.dumps(obj), parse_constant=lambda name: None)
 
 
 if __name__ == "__main__":

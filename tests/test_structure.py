@@ -1,8 +1,12 @@
-"""The shape of the code, enforced (STYLE.md §2.3, §2.12): the same skeleton in every *_min.py, allowed imports
-only, line caps, diffs against the baseline within budget, and README commands that name real scripts and flags."""
+"""The shape of the code, enforced (STYLE.md §2.1-2.5, §2.12): the same skeleton in every *_min.py,
+allowed imports only, line budgets for the files and for the three parts of common.py, no line over
+100 characters, diffs against the baseline within budget, train() loops that differ only in tagged
+lines, and README commands that name real scripts and flags."""
 import ast
 import difflib
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,15 +14,32 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ["simcse_min.py", "esimcse_min.py", "simcsepp_min.py", "diffcse_min.py"]
+TAGS = {"esimcse_min.py": "ESimCSE", "simcsepp_min.py": "SimCSE++", "diffcse_min.py": "DiffCSE"}
 RULERS = ["Config", "Views", "Heads", "Loss", "Training step", "Training loop", "CLI"]
 ROLES = {"Config": None, "make_views": None, "loss_fn": None, "train_step": None, "train": ["cfg"]}
-LINE_CAPS = {"simcse_min.py": 250, "esimcse_min.py": 330, "simcsepp_min.py": 330, "diffcse_min.py": 400}
-DIFF_BUDGET = {"esimcse_min.py": 120, "simcsepp_min.py": 120, "diffcse_min.py": 180}
+LINE_CAPS = {"simcse_min.py": 200, "esimcse_min.py": 260, "simcsepp_min.py": 260,
+             "diffcse_min.py": 320}  # [STYLE §2.1]
+DIFF_BUDGET = {"esimcse_min.py": 100, "simcsepp_min.py": 100, "diffcse_min.py": 160}
+# common.py: Part 1 (the model and the loop) holds its budget. Parts 2 and 3 are over the targets of
+# STYLE §2.1 (550, 300; the file 1,450): CEILINGS stop them growing while issue 15 brings them down,
+# and test_common_parts_meet_the_style_targets says how far they are (it fails once they get there).
+PART_TARGETS = {"Part 1": 650, "Part 2": 550, "Part 3": 300, "common.py": 1450}
+CEILINGS = {"Part 1": 650, "Part 2": 1000, "Part 3": 410, "common.py": 2060}
 ALLOWED = {"torch", "numpy", "scipy", "common"}
 
 
 def source(name):
-    return (ROOT / name).read_text()
+    return (ROOT / name).read_text(encoding="utf-8")
+
+
+def common_parts():
+    """Lines per part of common.py: each part runs from its banner to the next (Part 1 from the top)."""
+    lines = source("common.py").splitlines()
+    starts = [i for i, line in enumerate(lines) if re.match(r"# Part [23]:", line)]
+    assert len(starts) == 2, "common.py needs the banners '# Part 2:' and '# Part 3:'"
+    cuts = [0, starts[0] - 1, starts[1] - 1, len(lines)]  # a banner starts one line above its title
+    sizes = {f"Part {i + 1}": cuts[i + 1] - cuts[i] for i in range(3)}
+    return {**sizes, "common.py": len(lines)}
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -52,16 +73,74 @@ def test_line_caps(name):
     assert len(source(name).splitlines()) <= LINE_CAPS[name]
 
 
+@pytest.mark.parametrize("name", SCRIPTS + ["common.py"])
+def test_no_line_over_100_characters(name):
+    long = [f"{i}: {len(line)}" for i, line in enumerate(source(name).splitlines(), 1)
+            if len(line) > 100]
+    assert not long, f"{name}: lines over 100 characters (line: length): {long[:10]}"
+
+
+@pytest.mark.parametrize("part", list(CEILINGS))
+def test_common_parts_hold_their_ceilings(part):
+    assert common_parts()[part] <= CEILINGS[part], common_parts()
+
+
+@pytest.mark.xfail(strict=True, reason="issue 15: Parts 2, 3 and the file are over STYLE §2.1")
+def test_common_parts_meet_the_style_targets():
+    sizes = common_parts()
+    assert all(sizes[k] <= v for k, v in PART_TARGETS.items()), sizes
+
+
+def test_part_1_meets_its_style_target():
+    assert common_parts()["Part 1"] <= PART_TARGETS["Part 1"]
+
+
 @pytest.mark.parametrize("name", list(DIFF_BUDGET))
 def test_diff_against_baseline_shows_the_method_only(name):
-    diff = difflib.unified_diff(source("simcse_min.py").splitlines(), source(name).splitlines(), lineterm="", n=3)
-    changed = [d for d in diff if d[:1] in "+-" and d[:3] not in ("+++", "---")]
-    assert len(changed) <= DIFF_BUDGET[name] * 1.1, f"{len(changed)} changed lines vs budget {DIFF_BUDGET[name]}"
+    """Counted as the README tells readers to look: GNU `diff -u simcse_min.py X_min.py` (difflib's
+    matching is not minimal and counts more)."""
+    if not shutil.which("diff"):
+        pytest.skip("no `diff` program here (CI has one)")
+    out = subprocess.run(["diff", "-u", "simcse_min.py", name], cwd=ROOT, capture_output=True,
+                         text=True).stdout.splitlines()
+    changed = [d for d in out if d[:1] in "+-" and d[:3] not in ("+++", "---")]
+    assert len(changed) <= DIFF_BUDGET[name], f"{len(changed)} changed lines vs {DIFF_BUDGET[name]}"
+
+
+def train_source(name):
+    tree = ast.parse(source(name))
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "train")
+    return source(name).splitlines()[node.lineno - 1:node.end_lineno]
+
+
+def test_train_loop_is_short_and_in_the_open():
+    train = train_source("simcse_min.py")
+    assert len(train) <= 36, len(train)
+    text = "\n".join(train)
+    for piece in ("range(start, total + 1)", "save_checkpoint(", "exit_on_signal(", "run.evaluate(",
+                  "run.keep_best(", "optimizer_step(", "stop_non_finite(", "run.finish("):
+        assert piece in text, f"train() does not show {piece}"
+
+
+@pytest.mark.parametrize("name", list(TAGS))
+def test_train_differs_from_the_baseline_only_in_tagged_lines(name):
+    """Every line a method adds to (or changes in) train() names the method in a comment, belongs to
+    a tagged block, or is the call of its own train_step."""
+    diff = difflib.ndiff(train_source("simcse_min.py"), train_source(name))
+    added = [d[2:] for d in diff if d.startswith("+ ")]
+    block = None
+    for line in added:
+        indent = len(line) - len(line.lstrip())
+        if f"# {TAGS[name]}" in line:
+            block = indent if line.split("#")[0].rstrip().endswith(":") else None
+        elif not ("train_step(" in line or block is not None and indent > block):
+            pytest.fail(f"{name}: untagged change in train(): {line.strip()}")
 
 
 def test_config_shared_fields_identical():
     shared = ["data", "model", "senteval", "device", "seed", "batch_size", "max_len", "lr", "epochs",
-              "max_steps", "temp", "eval_every", "dropout", "out_dir", "save_every", "resume", "overwrite", "compile"]
+              "max_steps", "temp", "eval_every", "dropout", "out_dir", "save_every", "resume",
+              "overwrite", "compile"]
     for name in SCRIPTS:
         fields = re.findall(r"^    (\w+): \w+ = ", source(name).split("# ---- Views")[0], re.M)
         assert fields[:len(shared)] == shared, name
