@@ -589,7 +589,7 @@ class Run:
         if time.time() - self.last_print > 10:
             rate = (step - self.first_step) / (time.time() - self.started)
             self.last_print = time.time()
-            self.log(f"step {step}/{self.total} | {_stats(stats)} | {rate:.2f} steps/s | eta "
+            self.log(f"step {step}/{self.total} | {format_stats(stats)} | {rate:.2f} steps/s | eta "
                      f"{(self.total - step) / rate / 60:.1f} min")
 
     def evaluate(self, step, model, stats):
@@ -604,8 +604,8 @@ class Run:
         best, at = (dev, step) if dev > self.best_dev else (self.best_dev, self.best_step)
         seconds, steps = time.time() - self.started, step - self.first_step
         pace = f"{1000 * seconds / steps:.0f} ms/step" if steps else f"start-up {seconds:.1f} s"
-        self.log(f"step {step} | {_stats(stats)} | stsb_dev {dev:.2f} | align {align:.4f} uniform "
-                 f"{uniform:.4f} | best {best:.2f} @ {at} | {pace}")
+        self.log(f"step {step} | {format_stats(stats)} | stsb_dev {dev:.2f} | align {align:.4f} "
+                 f"uniform {uniform:.4f} | best {best:.2f} @ {at} | {pace}")
         return dev
 
     def keep_best(self, step, dev, model):
@@ -646,8 +646,6 @@ class Run:
         return TrainingStopped(f"{msg}; the best model (step {self.best_step}) is in {self.out}")
 
 
-def _stats(stats):  # "loss 0.1234 | rtd 0.5678"; step 0, before any training: "loss -"
-    return " | ".join(f"{k} {float(v):.4f}" for k, v in stats.items()) or "loss -"
 # ==================================================================================================
 # Part 2: operations, safe to skip when learning: files, downloads, input checks, resumable runs,
 # torchrun. They make the project safe and pleasant to run; Part 1 calls them by name.
@@ -667,6 +665,7 @@ import threading
 import urllib.error
 import urllib.request
 
+
 class UserError(Exception):
     """A problem with the user's input: one line on stderr, exit status 2, no traceback."""
 
@@ -681,16 +680,19 @@ def set_seed(seed):
     torch.manual_seed(seed)
 
 
+def format_stats(stats):  # "loss 0.1234 | rtd 0.5678"; step 0, before any training: "loss -"
+    return " | ".join(f"{k} {float(v):.4f}" for k, v in stats.items()) or "loss -"
+
+
 def finite_or_none(x, digits=6):
     return round(x, digits) if math.isfinite(x) else None  # JSON has no NaN
 
 
 # --- Files: atomic writes, JSON, safetensors ----------------------------------------------------
 
-
 @contextlib.contextmanager
 def atomic_write(path, mode="w"):
-    """Write to a temporary file beside `path`, then rename over it: no reader sees a partial file."""
+    """Write a temporary file beside `path`, then rename it over: no reader sees a partial file."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -726,20 +728,19 @@ DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F
 
 
 def read_safetensors(path):
-    """A .safetensors file (8-byte header size, JSON header, raw bytes) -> {name: tensor}. Every size
-    and offset is checked before anything is allocated: a hostile file is a CheckpointError."""
+    """A .safetensors file (8-byte header size, JSON header, raw bytes) -> {name: tensor}. Every
+    size and offset is checked before anything is allocated: a hostile file is a CheckpointError."""
     def bad(why):
         return CheckpointError(f"{path}: not a valid safetensors file: {why}")
     if not Path(path).is_file():
         raise CheckpointError(f"{path} is missing or not a file")
-    with open(path, "rb") as f:
-        data = f.read()
+    data = Path(path).read_bytes()
     if len(data) < 8:
         raise bad(f"{len(data)} bytes, too short to hold the 8-byte header size (truncated?)")
     n = int.from_bytes(data[:8], "little")
     if n > min(len(data) - 8, 100_000_000):  # the safetensors library's own limit
-        raise bad(f"the header claims {n} bytes but the file has {len(data) - 8} after the size field"
-                  f" (truncated?)")
+        raise bad(f"the header claims {n} bytes but the file has {len(data) - 8} after the size "
+                  f"field (truncated?)")
     try:
         header = json.loads(data[8:8 + n].decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
@@ -751,8 +752,9 @@ def read_safetensors(path):
         info = info if isinstance(info, dict) else {}
         dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
         lo, hi = offsets if isinstance(offsets, list) and len(offsets) == 2 else (None, None)
-        ok = isinstance(dtype, str) and dtype in DTYPES and isinstance(shape, list) and len(shape) <= 64 \
-            and all(type(d) is int and 0 <= d < 2**62 for d in [*shape, lo, hi]) and lo <= hi <= len(body)
+        ok = (isinstance(dtype, str) and dtype in DTYPES and isinstance(shape, list) and
+              len(shape) <= 64 and all(type(d) is int and 0 <= d < 2**62 for d in [*shape, lo, hi])
+              and lo <= hi <= len(body))
         if not ok or math.prod(shape) * DTYPES[dtype].itemsize != hi - lo:
             raise bad(f"tensor {name[:80]!r}: dtype, shape or data offsets {repr(info)[:120]} fall "
                       f"outside or do not fit the {len(body)} data bytes")
@@ -787,16 +789,17 @@ def write_safetensors(path, tensors, metadata=None):
 # --- Hugging Face model folders: vocabulary, config, weights, names -----------------------------
 
 def read_vocab(folder):
-    """vocab.txt (token -> line number) and tokenizer_config.json ({} if absent) of a model folder."""
+    """A folder's vocab.txt (token -> line number) and tokenizer_config.json ({} if absent)."""
     try:
         text = (folder / "vocab.txt").read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise CheckpointError(f"{folder} has no vocab.txt: not a BERT (WordPiece) model folder") from None
+        raise CheckpointError(f"{folder} has no vocab.txt: not a BERT (WordPiece) model "
+                              f"folder") from None
     except UnicodeDecodeError as e:
         raise CheckpointError(f"{folder}/vocab.txt is not UTF-8 (byte {e.start})") from None
     vocab = {line.rstrip("\r"): i for i, line in enumerate(text.removesuffix("\n").split("\n"))}
     if any(t not in vocab for t in SPECIAL_TOKENS):
-        raise CheckpointError(f"{folder}/vocab.txt lacks special tokens {SPECIAL_TOKENS}: not BERT's")
+        raise CheckpointError(f"{folder}/vocab.txt lacks BERT's special tokens {SPECIAL_TOKENS}")
     path = folder / "tokenizer_config.json"
     config = read_json(path, "tokenizer_config.json") if path.exists() else {}
     if not isinstance(config, dict):
@@ -811,8 +814,8 @@ DISTILBERT_CONFIG = {"dim": "hidden_size", "n_layers": "num_hidden_layers", "n_h
 
 
 def read_model_folder(folder):
-    """config.json -> a checked BertConfig, and the weights, whose size must fit it before the model is
-    allocated (a hostile config.json must not exhaust memory) -> (cfg, tensors, model_type)."""
+    """config.json -> a checked BertConfig, and the weights, whose size must fit it before the model
+    is allocated (a hostile config.json must not exhaust memory) -> (cfg, tensors, model_type)."""
     if not (folder / "config.json").exists():
         raise CheckpointError(f"{folder} has no config.json: not a Hugging Face model folder")
     hf = read_json(folder / "config.json", "the model's config.json")
@@ -827,13 +830,14 @@ def read_model_folder(folder):
         hf = {DISTILBERT_CONFIG.get(k, k): v for k, v in hf.items()} | {"type_vocab_size": 0}
     if hf.get("hidden_act", "gelu") != "gelu" or hf.get("sinusoidal") or \
             hf.get("position_embedding_type", "absolute") != "absolute":
-        raise CheckpointError("only BERT/DistilBERT with GELU and learned absolute positions is supported")
+        raise CheckpointError("only BERT/DistilBERT with GELU and learned absolute positions is "
+                              "supported")
     cfg = BertConfig(**{f.name: hf[f.name] for f in dataclasses.fields(BertConfig) if f.name in hf})
     values = dataclasses.asdict(cfg)
     bad = [k for k, v in values.items() if k.endswith(("_size", "_layers", "_heads", "_embeddings"))
            and not (type(v) is int and v >= (k != "type_vocab_size"))]  # 0 types: DistilBERT
-    bad += [k for k, v in values.items() if k.endswith("_prob") and not (type(v) in (int, float)
-                                                                         and 0 <= v < 1)]
+    bad += [k for k, v in values.items()
+            if k.endswith("_prob") and not (type(v) in (int, float) and 0 <= v < 1)]
     if not bad and cfg.hidden_size % cfg.num_attention_heads:  # the heads must split the width
         bad = ["hidden_size", "num_attention_heads"]
     if not bad and not (type(cfg.pad_token_id) is int and 0 <= cfg.pad_token_id < cfg.vocab_size):
@@ -844,8 +848,8 @@ def read_model_folder(folder):
     tensors = read_weights(folder)
     stored = sum(t.numel() for t in tensors.values())
     if n_params(cfg) > stored:
-        raise CheckpointError(f"{folder}: config.json describes {n_params(cfg):,} parameters but the "
-                              f"weights file holds {stored:,} numbers: they do not belong together")
+        raise CheckpointError(f"{folder}: config.json describes {n_params(cfg):,} parameters but "
+                              f"the weights hold {stored:,} numbers: they do not belong together")
     return cfg, tensors, kind
 
 
@@ -888,7 +892,7 @@ SKIPPED = {"embeddings.position_ids", "cls.predictions.decoder.bias"}  # a buffe
 
 
 def hf_to_ours(key, model_type):
-    """A Hugging Face checkpoint key -> our parameter name, or None if our model has no such tensor."""
+    """A Hugging Face checkpoint key -> our parameter name, or None if we have no such tensor."""
     key = re.sub(r"^(bert|distilbert)\.", "", key)
     key = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", key)  # legacy names [HF #11809]
     key = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", key)
@@ -913,8 +917,8 @@ def ours_to_hf(name):
 
 
 def rename_checkpoint(tensors, model_type, model):
-    """Checkpoint tensors -> (state_dict in our names, unused keys); every model tensor filled with the
-    right shape, else a CheckpointError naming the missing or mismatched ones."""
+    """Checkpoint tensors -> (state_dict in our names, unused keys); every model tensor filled with
+    the right shape, else a CheckpointError naming the missing or mismatched ones."""
     expected, state, unused = model.state_dict(), {}, set()
     words = next((v for k, v in tensors.items() if k.endswith("embeddings.word_embeddings.weight")),
                  None)
@@ -932,22 +936,21 @@ def rename_checkpoint(tensors, model_type, model):
                "e.g. distilbert-base-uncased)" if all(k.startswith("mlm.") for k in missing) else ""
         raise CheckpointError(f"checkpoint is missing {len(missing)} tensors{hint}: "
                               f"{', '.join(missing[:8])}" + (" ..." if len(missing) > 8 else ""))
-    wrong = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in expected.items()
-             if state[k].shape != v.shape]
-    if wrong:
-        raise CheckpointError(f"checkpoint tensors do not match config.json: {'; '.join(wrong[:4])}")
+    bad = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in expected.items()
+           if state[k].shape != v.shape]
+    if bad:
+        raise CheckpointError("checkpoint tensors do not match config.json: " + "; ".join(bad[:4]))
     return state, unused
 
 
 def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
-    """A Hugging Face folder that transformers' BertModel and sentence-transformers (CLS pooling)
-    load with our vectors; written file by file, atomically."""
+    """A folder that BertModel and sentence-transformers (CLS pooling) load with our vectors."""
     folder, cfg, mlm = Path(folder), model.cfg, model.mlm is not None
     (folder / "1_Pooling").mkdir(parents=True, exist_ok=True)
     write_safetensors(folder / "model.safetensors", {  # BertForMaskedLM keys with an MLM head
         "bert." * (mlm and not n.startswith("mlm.")) + ours_to_hf(n): t.to(dtype)
         for n, t in model.state_dict().items()})
-    specials = {f"{n}_token": t for n, t in zip(("pad", "unk", "cls", "sep", "mask"), SPECIAL_TOKENS)}
+    specials = {f"{n}_token": t for n, t in zip("pad unk cls sep mask".split(), SPECIAL_TOKENS)}
     strip = None if tokenizer.strip_accents == tokenizer.lower else tokenizer.strip_accents
     st = "sentence_transformers.models."
     for name, content in {
@@ -955,17 +958,17 @@ def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
                         "model_type": "bert", **dataclasses.asdict(cfg), "hidden_act": "gelu",
                         "position_embedding_type": "absolute", "initializer_range": 0.02,
                         "torch_dtype": str(dtype).removeprefix("torch.")},
-        "tokenizer_config.json": {"tokenizer_class": "BertTokenizer", "do_lower_case": tokenizer.lower,
-                                  "strip_accents": strip, **specials,
-                                  "model_max_length": cfg.max_position_embeddings},
+        "tokenizer_config.json": {"tokenizer_class": "BertTokenizer",
+                                  "do_lower_case": tokenizer.lower, "strip_accents": strip,
+                                  **specials, "model_max_length": cfg.max_position_embeddings},
         "special_tokens_map.json": specials,
         "modules.json": [{"idx": 0, "name": "0", "path": "", "type": st + "Transformer"},
                          {"idx": 1, "name": "1", "path": "1_Pooling", "type": st + "Pooling"}],
         "sentence_bert_config.json": {"max_seq_length": cfg.max_position_embeddings,
                                       "do_lower_case": False},
-        "1_Pooling/config.json": {"word_embedding_dimension": cfg.hidden_size,
-                                  **{f"pooling_mode_{m}": m == "cls_token" for m in (
-                                      "cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens")}},
+        "1_Pooling/config.json": {"word_embedding_dimension": cfg.hidden_size, **{
+            f"pooling_mode_{m}": m == "cls_token"
+            for m in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens")}},
     }.items():
         write_json(folder / name, content)
     with atomic_write(folder / "vocab.txt") as f:
@@ -979,9 +982,9 @@ CACHE = Path(os.environ.get("SIMCSE_CACHE", Path.home() / ".cache" / "simcse-min
 _FILES = ["config.json", "vocab.txt", "tokenizer_config.json", "model.safetensors"]  # weights last
 KNOWN_MODELS = {"bert-base-uncased": _FILES, "bert-large-uncased": _FILES,
                 "distilbert-base-uncased": _FILES, "sentence-transformers/all-MiniLM-L6-v2": _FILES,
-                "google/bert_uncased_L-4_H-256_A-4": ["config.json", "vocab.txt", "pytorch_model.bin"]}
-_DATA = "datasets/princeton-nlp/datasets-for-simcse/resolve/main"
-KNOWN_DATA = {f: f"{_DATA}/{f}" for f in ("wiki1m_for_simcse.txt", "nli_for_simcse.csv", "senteval.tar")}
+                "google/bert_uncased_L-4_H-256_A-4": _FILES[:2] + ["pytorch_model.bin"]}
+_DATA = "datasets/princeton-nlp/datasets-for-simcse/resolve/main/"
+KNOWN_DATA = {f: _DATA + f for f in ("wiki1m_for_simcse.txt", "nli_for_simcse.csv", "senteval.tar")}
 DATA_ALIASES = {"wiki1m.txt": "wiki1m_for_simcse.txt"}  # the name the papers' READMEs use
 
 
@@ -993,47 +996,47 @@ def hub_snapshot(name):
 
 
 def resolve_model(name_or_dir, flag="--model"):
-    """A local folder, else the Hugging Face cache, else our cache, else a download of a known name."""
+    """A local folder, else the Hugging Face cache, else our cache, else a known name downloaded."""
     if Path(name_or_dir).expanduser().is_dir():
         return Path(name_or_dir).expanduser()
     ours, files = CACHE / "models" / str(name_or_dir), KNOWN_MODELS.get(str(name_or_dir))
     if hub_snapshot(name_or_dir) or files and all((ours / f).exists() for f in files):
         return hub_snapshot(name_or_dir) or ours
     if files is None:
-        raise UserError(f"{flag} {name_or_dir!r} is neither a folder nor a known name "
-                        f"({', '.join(KNOWN_MODELS)}); pass the path of a Hugging Face model folder")
+        raise UserError(f"{flag} {name_or_dir!r} is neither a folder nor a known name ("
+                        f"{', '.join(KNOWN_MODELS)}); pass the path of a Hugging Face model folder")
     for f in files:
         download(f"{HF_ENDPOINT}/{name_or_dir}/resolve/main/{f}", ours / f, flag=flag)
     return ours
 
 
 def download(url, dest, expected_sha256=None, flag="the path"):
-    """url -> dest with a progress line, resuming a .part file and checking size and SHA-256 (given, or
-    Hugging Face's ETag). A failed download leaves no empty folder; a cut one keeps its .part."""
-    dest, created = Path(dest), [p for p in (Path(dest).parent, *Path(dest).parents) if not p.exists()]
+    """url -> dest with a progress line, resuming a .part file and checking size and SHA-256 (given,
+    or Hugging Face's ETag). A failed download leaves no empty folder; a cut one keeps its .part."""
+    dest, created = Path(dest), [p for p in Path(dest).parents if not p.exists()]
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
     have, done, total = part.stat().st_size if part.exists() else 0, 0, 0
     try:
         try:
-            request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
-            response = urllib.request.urlopen(request, timeout=60)
+            response = urllib.request.urlopen(urllib.request.Request(
+                url, headers={"Range": f"bytes={have}-"} if have else {}), timeout=60)
         except urllib.error.HTTPError as e:
             if e.code != 416:  # 416: nothing left to fetch, the part file is complete
                 raise UserError(f"download of {url} failed: HTTP {e.code} {e.reason}") from None
             response = None
         except (urllib.error.URLError, OSError) as e:
             raise UserError(f"cannot download {url} ({getattr(e, 'reason', e)}): you seem to be "
-                            f"offline; fetch it where there is internet and pass its path with {flag}"
-                            ) from None
+                            f"offline; fetch it where there is internet and pass its path with "
+                            f"{flag}") from None
         if response is not None:
             with response, open(part, "ab" if have and response.status == 206 else "wb") as f:
                 done = have if response.status == 206 else 0  # else the server ignored the range
-                total = done + int(response.headers.get("Content-Length", 0))
-                etag = (response.headers.get("X-Linked-Etag") or response.headers.get("ETag") or "")
-                etag = etag.strip('"W/')
-                expected_sha256 = expected_sha256 or (etag if re.fullmatch(r"[0-9a-f]{64}", etag) else None)
-                shown = 0.0
+                h, shown = response.headers, 0.0
+                total = done + int(h.get("Content-Length", 0))
+                etag = (h.get("X-Linked-Etag") or h.get("ETag") or "").strip('"W/')
+                if not expected_sha256 and re.fullmatch(r"[0-9a-f]{64}", etag):
+                    expected_sha256 = etag
                 while chunk := response.read(1 << 20):
                     f.write(chunk)
                     done += len(chunk)
@@ -1053,7 +1056,7 @@ def download(url, dest, expected_sha256=None, flag="the path"):
                 p.rmdir()  # only if empty: a folder holding a .part or the file stays
     if expected_sha256 and sha256_file(part) != expected_sha256:
         part.unlink()
-        raise UserError(f"download of {url} is corrupt (SHA-256 mismatch); it was deleted, run again")
+        raise UserError(f"download of {url} is corrupt (SHA-256 mismatch); deleted it, run again")
     os.replace(part, dest)
     return dest
 
@@ -1082,8 +1085,8 @@ def resolve_data(path):
 def download_senteval(dest=None):
     """SimCSE's senteval.tar, its STS/SICK files unpacked into dest/downstream/{STS,SICK}."""
     dest = dest or CACHE / "senteval"
-    tar_path = download(f"{HF_ENDPOINT}/{KNOWN_DATA['senteval.tar']}", CACHE / "data" / "senteval.tar",
-                        flag="--senteval")
+    tar_path = download(f"{HF_ENDPOINT}/{KNOWN_DATA['senteval.tar']}",
+                        CACHE / "data" / "senteval.tar", flag="--senteval")
     tmp = Path(tempfile.mkdtemp(dir=CACHE))
     with tarfile.open(tar_path) as tar:
         tar.extractall(tmp, members=[m for m in tar.getmembers() if m.isfile() and re.search(
@@ -1121,14 +1124,14 @@ def sts_files(mode):
 
 
 def check_senteval(root, mode="test"):
-    """A missing or incomplete SentEval folder -> one line saying what is missing and how to get it."""
-    fix = "get it with `python common.py download senteval` and pass --senteval ~/.cache/simcse-min/senteval"
+    """A missing or incomplete SentEval folder -> one line: what is missing, how to get it."""
+    fix = "run `python common.py download senteval` and use --senteval ~/.cache/simcse-min/senteval"
     if not Path(root).is_dir():
         raise UserError(f"SentEval folder {root} does not exist; {fix}")
     missing = [f for f in sts_files(mode) if not (Path(root) / f).is_file()]
     if missing:
         raise UserError(f"SentEval folder {root} is incomplete: missing {', '.join(missing[:4])}"
-                        + (f" and {len(missing) - 4} more" if len(missing) > 4 else "") + f"; {fix}")
+                        + f" and {len(missing) - 4} more" * (len(missing) > 4) + f"; {fix}")
 
 
 @contextlib.contextmanager
@@ -1148,12 +1151,12 @@ class RunFinished(Exception):
 
 
 class TrainingStopped(UserError):
-    """The run stopped on its own (a non-finite loss) after writing the best model so far: exit 3."""
+    """The run stopped itself (a non-finite loss) after writing the best model so far: exit 3."""
     exit_code = 3
 
 
 class OneLineErrors(argparse.ArgumentParser):
-    """A bad flag is one line on stderr (not the whole usage), exit status 2, like every bad input."""
+    """A bad flag: one line on stderr (not the whole usage), exit status 2, like every bad input."""
 
     def error(self, message):
         print(f"error: {message} (see --help)", file=sys.stderr)
@@ -1161,14 +1164,14 @@ class OneLineErrors(argparse.ArgumentParser):
 
 
 def parse_args(config_cls, argv=None):
-    """Dataclass fields -> `--name value` flags (booleans also bare: `--compile`); each field's
-    trailing comment is its --help text."""
+    """Dataclass fields -> `--name value` flags (booleans also bare), --help from their comments."""
     helps = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.+)$", inspect.getsource(config_cls), re.M))
     doc = (sys.modules[config_cls.__module__].__doc__ or "").split("\n")[0]
     parser = OneLineErrors(description=doc, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    kinds = {"bool": parse_bool, "int": int, "float": float}
     for f in dataclasses.fields(config_cls):
-        kind = {"bool": parse_bool, "int": int, "float": float}.get(getattr(f.type, "__name__", f.type))
-        switch = dict(nargs="?", const=True) if kind is parse_bool else {}  # `--compile` alone: true
+        kind = kinds.get(getattr(f.type, "__name__", f.type))  # a type or a string annotation
+        switch = dict(nargs="?", const=True) if kind is parse_bool else {}  # bare `--compile`: true
         parser.add_argument(f"--{f.name}", type=kind or str, default=f.default,
                             help=helps.get(f.name, " "), **switch)
     return config_cls(**vars(parser.parse_args(argv)))
@@ -1184,16 +1187,16 @@ def parse_bool(s):
 
 def resolve_device(name):
     """'auto' -> cuda, mps or cpu; a device asked for but absent is an error, never a fallback."""
-    mps = getattr(torch.backends, "mps", None)
-    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": bool(mps and mps.is_available())}
+    mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": mps}
     name = next(d for d in ("cuda", "mps", "cpu") if available[d]) if name == "auto" else name
     if name not in available:
         raise UserError(f"--device {name!r}: choose auto, cpu, cuda or mps")
     if not available[name]:
-        raise UserError(f"--device {name} was asked for but PyTorch sees no {name.upper()} device here "
+        raise UserError(f"--device {name} was asked for but PyTorch sees no {name.upper()} device "
                         f"(torch {torch.__version__}); use --device cpu or install a {name} build")
     if name == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # fp32 matmuls
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # fast fp32
     return torch.device(name)
 
 
@@ -1218,15 +1221,16 @@ def check_inputs(cfg, models, world_size=1):
     """Every flag, input path and out_dir, checked before any work starts; all problems at once, in
     one UserError line. `models` names the fields that hold model folders (DiffCSE: + generator)."""
     checks = {**SHARED_CHECKS, **getattr(cfg, "checks", {})}
-    problems = [f"--{k} {getattr(cfg, k)}: must be in {v}{WHY.get(k, '')}" for k, v in checks.items()
-                if not in_interval(getattr(cfg, k), v)]
-    problems += [f"--{f.name} {getattr(cfg, f.name)}: must be a finite number" for f in
-                 dataclasses.fields(cfg) if type(getattr(cfg, f.name)) is float and f.name not in checks
-                 and not math.isfinite(getattr(cfg, f.name))]
+    problems = [f"--{k} {getattr(cfg, k)}: must be in {v}{WHY.get(k, '')}"
+                for k, v in checks.items() if not in_interval(getattr(cfg, k), v)]
+    values = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    problems += [f"--{k} {v}: must be a finite number" for k, v in values.items()
+                 if type(v) is float and k not in checks and not math.isfinite(v)]
     if cfg.batch_size % world_size:
         problems.append(f"--batch_size {cfg.batch_size} is the global batch and must split evenly "
                         f"over {world_size} processes")
-    problems += data_problems(cfg.data) + [p for f in models for p in model_problems(getattr(cfg, f), f)]
+    problems += data_problems(cfg.data)
+    problems += [p for f in models for p in model_problems(getattr(cfg, f), f)]
     if cfg.senteval:
         try:
             check_senteval(senteval_root(cfg.senteval))
@@ -1263,10 +1267,10 @@ def out_dir_problems(out, overwrite):
     """A file, another run (unless --overwrite), or a folder that cannot be created or written."""
     if out.exists() and not out.is_dir():
         return [f"--out_dir {out} is a file, not a folder"]
-    found = [n for n in ("results.json", "checkpoint.pt", "model.safetensors") if (out / n).exists()]
-    if found and not overwrite:
-        resume = f"--resume {out} to continue it, " if found == ["checkpoint.pt"] else ""
-        return [f"--out_dir {out} already holds a run ({', '.join(found)}); pass {resume}"
+    held = [n for n in ("results.json", "checkpoint.pt", "model.safetensors") if (out / n).exists()]
+    if held and not overwrite:
+        resume = f"--resume {out} to continue it, " if held == ["checkpoint.pt"] else ""
+        return [f"--out_dir {out} already holds a run ({', '.join(held)}); pass {resume}"
                 f"--overwrite to replace it, or another --out_dir"]
     parent = next(p for p in (out, *out.absolute().parents) if p.exists())
     return [] if os.access(parent, os.W_OK) else [f"--out_dir {out}: {parent} is not writable"]
@@ -1279,8 +1283,8 @@ def check_model(folder, tok, model, max_len):
         raise CheckpointError(f"{folder}: vocab.txt has {len(tok.vocab)} tokens but the embeddings "
                               f"have {rows} rows (config.json vocab_size): it mixes two models")
     if max_len > model.cfg.max_position_embeddings:
-        raise UserError(f"--max_len {max_len} exceeds the model's {model.cfg.max_position_embeddings} "
-                        f"positions")
+        raise UserError(f"--max_len {max_len} exceeds the model's "
+                        f"{model.cfg.max_position_embeddings} positions")
 
 
 def read_lines(path):
@@ -1293,15 +1297,15 @@ def read_lines(path):
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw[:e.start].count(b"\n") + 1
-        raise UserError(f"{path} is not UTF-8 (line {line}, byte {e.start}); convert it, e.g. iconv -t "
-                        f"UTF-8") from None
+        raise UserError(f"{path} is not UTF-8 (line {line}, byte {e.start}); convert it, e.g. "
+                        f"iconv -t UTF-8") from None
     lines = [s for s in (line.strip() for line in text.splitlines()) if s]
     if not lines:
         raise UserError(f"data file {path} holds no sentences")
     return lines
 
 
-MAX_SENTENCE_CHARS = 10_000  # [impl] longer sentences are cut: 512 tokens fit ~10x over, and a stray
+MAX_SENTENCE_CHARS = 10_000  # [impl] longer ones are cut: 512 tokens fit ~10x over, and a stray
 # megabyte-long line (a file without newlines) would take minutes; training keeps max_len anyway
 
 
@@ -1309,18 +1313,19 @@ def read_training_data(path):
     """Sentences (one a line), or CSV rows (sentence, positive[, hard negative]) for supervised
     SimCSE: tuples of 1-3 strings, each cut to MAX_SENTENCE_CHARS (said once, not an error)."""
     import csv
-    lines = read_lines(path)
-    rows = [tuple(r) for r in csv.reader(lines)] if Path(path).suffix == ".csv" else [(s,) for s in lines]
-    if Path(path).suffix == ".csv":
-        if rows and [c.lower() for c in rows[0]][:2] in (["sent0", "sent1"], ["sentence", "positive"]):
+    lines, is_csv = read_lines(path), Path(path).suffix == ".csv"
+    rows = [tuple(r) for r in csv.reader(lines)] if is_csv else [(s,) for s in lines]
+    if is_csv:
+        first = [c.lower() for c in rows[0]][:2] if rows else None
+        if first in (["sent0", "sent1"], ["sentence", "positive"]):
             rows = rows[1:]  # a header line [official nli_for_simcse.csv: sent0,sent1,hard_neg]
         if not rows or {len(r) for r in rows} not in ({2}, {3}):
             raise UserError(f"{path}: a supervised CSV needs 2 or 3 columns on every row "
                             f"(sentence, positive[, hard negative])")
     cut = sum(len(s) > MAX_SENTENCE_CHARS for r in rows for s in r)
     if cut:
-        print(f"note: {cut} sentence(s) in {path} longer than {MAX_SENTENCE_CHARS:,} characters were "
-              f"cut to that length", file=sys.stderr)
+        print(f"note: {cut} sentence(s) in {path} longer than {MAX_SENTENCE_CHARS:,} characters "
+              f"were cut to that length", file=sys.stderr)
     return [tuple(s[:MAX_SENTENCE_CHARS] for s in r) for r in rows] if cut else rows
 
 
@@ -1352,20 +1357,19 @@ def _encode_chunk(args):
 
 
 def tokenize_corpus(tok, texts, max_len=None, workers=None, min_parallel=20_000):
-    """Many sentences -> id lists, in `workers` processes (all cores) from `min_parallel` sentences
-    on: below that, starting the processes costs more than it saves."""
+    """Sentences -> id lists; `workers` processes (all cores) from `min_parallel` sentences on."""
     workers = workers or os.cpu_count() or 1
     if workers == 1 or len(texts) < min_parallel:
         return [tok.encode(t, max_len) for t in texts]
     size = math.ceil(len(texts) / (4 * workers))
     chunks = [(tok, texts[i:i + size], max_len) for i in range(0, len(texts), size)]
-    with multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn").Pool(workers) as p:
+    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+    with context.Pool(workers) as p:
         return [ids for part in p.map(_encode_chunk, chunks) for ids in part]
 
 
 class TokenizedRows:
-    """Rows of C tokenized columns in one flat int32 array with offsets (1M sentences: ~130 MB, not
-    the ~1 GB of Python lists). rows[i] -> tuple of C id lists."""
+    """Rows of C id lists in one flat int32 array + offsets (1M sentences: ~130 MB, not ~1 GB)."""
 
     def __init__(self, flat, offsets, cols):
         self.flat, self.offsets, self.cols = flat, offsets, cols  # [T] int32, [N*C + 1] int64
@@ -1407,9 +1411,8 @@ def tokenize_file(tok, path, max_len):
 
 
 def compile_encoder(run, model):
-    """--compile: torch.compile the encoder in place (Module.compile keeps the parameter names).
-    On CUDA, CUDA graphs want static shapes: batches are padded to max_len. model.encode (the
-    evaluation) stays eager."""
+    """--compile: torch.compile the encoder in place (Module.compile keeps parameter names); batches
+    padded to max_len (CUDA graphs want static shapes). model.encode (evaluation) stays eager."""
     if run.cfg.compile:
         run.width = run.cfg.max_len
         model.compile(mode="reduce-overhead" if run.device.type == "cuda" else None)
@@ -1417,12 +1420,11 @@ def compile_encoder(run, model):
     return model
 
 
-# --- Resumable runs: out_dir, checkpoint.pt, Ctrl-C and SIGTERM --------------------------------------
-#
-# out_dir/checkpoint.pt is one state dict: step, config, the objects train() names in `saved` (model,
-# heads, optimizer, scheduler, a method's own state such as ESimCSE's queue), the best state, the
-# histories and every RNG state as tensors. torch.save to a temporary file renamed over the last: a
-# crash at any moment leaves the previous checkpoint whole. Read back with weights_only=True.
+# --- Resumable runs: out_dir, checkpoint.pt, Ctrl-C and SIGTERM ---------------------------------
+# out_dir/checkpoint.pt is one state dict: step, config, the objects train() names in `saved`
+# (model, heads, optimizer, scheduler, a method's own state such as ESimCSE's queue), the best
+# state, the histories and every RNG state as tensors, written atomically (a crash at any moment
+# leaves the previous checkpoint whole) and read back with weights_only=True.
 
 def open_out_dir(run):
     """Create out_dir and write the log so far (before this, a bad input leaves no file). Rank 0."""
@@ -1443,7 +1445,7 @@ def read_resumed_run(cfg, method):
     if not cfg.resume:
         return None
     if cfg.overwrite:
-        raise UserError("--resume continues a run and --overwrite replaces one: pass only one of them")
+        raise UserError("--resume continues a run and --overwrite replaces one: pass just one")
     out = Path(cfg.resume).expanduser()
     out = out.parent if out.name == "checkpoint.pt" else out
     if not out.is_dir():
@@ -1459,8 +1461,8 @@ def read_resumed_run(cfg, method):
                 f.name in ("device", "senteval", "save_every") and given != f.default):
             continue
         if given != f.default and given != saved:
-            raise UserError(f"--{f.name} {given} contradicts the resumed run's {saved}: a resumed run "
-                            f"keeps its configuration (leave the flag out)")
+            raise UserError(f"--{f.name} {given} contradicts the resumed run's {saved}: a resumed "
+                            f"run keeps its configuration (leave the flag out)")
         setattr(cfg, f.name, saved)
     cfg.out_dir = str(out)
     return ckpt
@@ -1473,8 +1475,9 @@ def load_checkpoint(path):
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, corrupt, or holding anything but tensors and plain data
-        raise CheckpointError(f"{path} cannot be read as a checkpoint ({type(e).__name__})") from None
-    if not (isinstance(ckpt, dict) and ckpt.get("format") == 2 and isinstance(ckpt.get("config"), dict)):
+        raise CheckpointError(f"{path} is not a readable checkpoint ({type(e).__name__})") from None
+    if not (isinstance(ckpt, dict) and ckpt.get("format") == 2
+            and isinstance(ckpt.get("config"), dict)):
         raise CheckpointError(f"{path} is not a checkpoint of this program")
     return ckpt
 
@@ -1523,12 +1526,12 @@ def set_rng_states(states):
 
 
 def save_checkpoint(run, step, saved):
-    """out_dir/checkpoint.pt: everything to continue after `step` as if never stopped (rank 0 writes;
-    the other ranks hold the same state)."""
+    """out_dir/checkpoint.pt: everything to continue after `step` as if never stopped (rank 0
+    writes; the other ranks hold the same state)."""
     if run.rank > 0:
         return
-    state = {"format": 2, "method": run.method, "step": step, "total": run.total, "rows": run.n_rows,
-             "config": dataclasses.asdict(run.cfg), "rng": rng_states(),
+    state = {"format": 2, "method": run.method, "step": step, "total": run.total,
+             "rows": run.n_rows, "config": dataclasses.asdict(run.cfg), "rng": rng_states(),
              "objects": {k: state_of(v) for k, v in saved.items() if v is not None},
              "best": [run.best_dev, run.best_step, run.best_state],
              "histories": [run.dev_history, run.stats_history, run.align_uniform]}
@@ -1538,12 +1541,12 @@ def save_checkpoint(run, step, saved):
 
 
 def restore_checkpoint(run, saved):
-    """Every object in `saved`, the best state, the histories and the RNGs back as they were after the
-    checkpoint's step: the continued run is the uninterrupted one -> that step."""
+    """Every object in `saved`, the best state, the histories and the RNGs back as they were after
+    the checkpoint's step: the continued run is the uninterrupted one -> that step."""
     ckpt, path = run.resumed, run.out / "checkpoint.pt"
     if (ckpt.get("rows"), ckpt.get("total")) != (run.n_rows, run.total):
-        raise UserError(f"--resume {run.out}: the data has {run.n_rows} rows / {run.total} steps now "
-                        f"but {ckpt.get('rows')} / {ckpt.get('total')} when the checkpoint was written")
+        raise UserError(f"--resume {run.out}: the data has {run.n_rows} rows / {run.total} steps "
+                        f"now but {ckpt.get('rows')} / {ckpt.get('total')} in the checkpoint")
     try:
         for name, obj in saved.items():
             if obj is not None:
@@ -1564,8 +1567,8 @@ def restore_checkpoint(run, saved):
 
 
 def catch_signals(run):
-    """Ctrl-C / SIGTERM set run.signal: the loop saves a checkpoint at the next step boundary and exits
-    128 + signal (exit_on_signal). A second one stops at once."""
+    """Ctrl-C / SIGTERM set run.signal: the loop saves a checkpoint at the next step boundary and
+    exits 128 + signal (exit_on_signal). A second one stops at once."""
     if threading.current_thread() is not threading.main_thread():
         return  # handlers can only be set in the main thread
 
@@ -1573,8 +1576,8 @@ def catch_signals(run):
         if run.signal:
             raise KeyboardInterrupt
         run.signal = signum
-        print(f"\n{signal.Signals(signum).name}: saving a checkpoint after this step (again to stop "
-              f"now)", file=sys.stderr, flush=True)
+        print(f"\n{signal.Signals(signum).name}: saving a checkpoint after this step (again to "
+              f"stop now)", file=sys.stderr, flush=True)
     run.old_handlers = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
 
 
@@ -1585,8 +1588,7 @@ def release_signals(run):
 
 
 def signal_received(run):
-    """The Ctrl-C/SIGTERM caught so far (0: none); under torchrun every rank stops at the same step,
-    whichever of them the signal reached first."""
+    """The Ctrl-C/SIGTERM caught so far (0: none) by any rank: under torchrun all stop together."""
     if run.world_size > 1:
         flag = torch.tensor([run.signal], device=run.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
@@ -1595,14 +1597,14 @@ def signal_received(run):
 
 
 def exit_on_signal(run, step):
-    """Say how to continue, then exit with status 128 + signal (the checkpoint of `step` is saved)."""
+    """Say how to continue, then exit 128 + signal (the checkpoint of `step` is saved)."""
     release_signals(run)
-    run.log(f"{signal.Signals(run.signal).name} at step {step}: " + (
-        f"checkpoint saved; continue with --resume {run.out}" if step else "stopped before training"))
+    run.log(f"{signal.Signals(run.signal).name} at step {step}: " + (f"checkpoint saved; continue "
+            f"with --resume {run.out}" if step else "stopped before training"))
     sys.exit(128 + run.signal)
 
 
-# --- torchrun: process group, DistributedDataParallel (shard and all_gather are in Part 1) -----------
+# --- torchrun: process group, DistributedDataParallel (shard and all_gather are in Part 1) ------
 
 def world():
     """(rank, number of processes); (0, 1) without a process group."""
@@ -1611,12 +1613,12 @@ def world():
 
 
 def init_distributed(device):
-    """Join torchrun's process group (it sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) -> this
-    rank's device: NCCL and cuda:LOCAL_RANK on CUDA, gloo on the CPU. Without torchrun: nothing."""
+    """Join torchrun's process group (it sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) ->
+    this rank's device: NCCL and cuda:LOCAL_RANK on CUDA, gloo on the CPU. No torchrun: nothing."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
         return device
     if device.type == "mps":
-        raise UserError("several processes need --device cuda (NCCL) or --device cpu (gloo), not mps")
+        raise UserError("several processes need --device cuda (NCCL) or cpu (gloo), not mps")
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
@@ -1638,7 +1640,7 @@ class _AllGather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        grad = grad.contiguous().clone()  # all_reduce works in place; the incoming buffer is autograd's
+        grad = grad.contiguous().clone()  # all_reduce works in place: not on autograd's buffer
         dist.all_reduce(grad)  # sum over ranks
         rank, size = world()
         b = grad.size(1) // size
@@ -1646,8 +1648,7 @@ class _AllGather(torch.autograd.Function):
 
 
 def wrap_ddp(module, device):
-    """DistributedDataParallel around a trained module under torchrun (gradients averaged over ranks
-    after backward); the module itself in one process."""
+    """Under torchrun, DistributedDataParallel (gradients averaged over ranks); else the module."""
     if world()[1] == 1:
         return module
     ids = [device.index] if device.type == "cuda" else None
@@ -1655,14 +1656,14 @@ def wrap_ddp(module, device):
 
 
 def unwrap(module):
-    """The module inside DistributedDataParallel (evaluation, state dicts, saving); else the module."""
+    """The module inside DistributedDataParallel (evaluation, state dicts, saving), else itself."""
     return module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
 
 
 def leave_distributed():
-    """End the process group once the trainer has returned. Its DDP wrappers sit in reference cycles
-    and hold the group: collected first, so the gloo threads stop now and not during interpreter
-    shutdown, where they can abort the process (SIGABRT, seen once in CI) [pytorch/pytorch#179291]."""
+    """End the process group once the trainer has returned. Its DDP wrappers sit in reference
+    cycles and hold the group: collected first, so the gloo threads stop now, not during interpreter
+    shutdown, where they can abort the process (SIGABRT once in CI) [pytorch/pytorch#179291]."""
     if dist.is_initialized():
         gc.collect()
         dist.destroy_process_group()
