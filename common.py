@@ -197,8 +197,9 @@ class Layer(nn.Module):
         H, I, eps = cfg.hidden_size, cfg.intermediate_size, cfg.layer_norm_eps
         self.heads, self.attn_p = cfg.num_attention_heads, cfg.attention_probs_dropout_prob
         self.query, self.key, self.value, self.attn_out = (nn.Linear(H, H) for _ in range(4))
+        self.attn_norm = nn.LayerNorm(H, eps=eps)  # registration order = parameter order: keep it
         self.ffn_in, self.ffn_out = nn.Linear(H, I), nn.Linear(I, H)
-        self.attn_norm, self.ffn_norm = nn.LayerNorm(H, eps=eps), nn.LayerNorm(H, eps=eps)
+        self.ffn_norm = nn.LayerNorm(H, eps=eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, x, keep, cls_only=False):  # x [B, L, H], keep [B, 1, 1, L] bool (a token)
