@@ -779,7 +779,8 @@ def write_safetensors(path, tensors, metadata=None):
         header[name] = {"dtype": names[t.dtype], "shape": list(t.shape),
                         "data_offsets": [offset, offset + size]}
         offset += size
-    blob = json.dumps({"__metadata__": {"format": "pt", **(metadata or {})}, **header}).encode()
+    header = {"__metadata__": {"format": "pt", **(metadata or {})}, **header}
+    blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
     with atomic_write(path, "wb") as f:
         f.write(len(blob).to_bytes(8, "little") + blob)
