@@ -1168,7 +1168,7 @@ class OneLineErrors(argparse.ArgumentParser):
 def parse_args(config_cls, argv=None):
     """Dataclass fields -> `--name value` flags (booleans also bare), --help from their comments."""
     helps = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.+)$", inspect.getsource(config_cls), re.M))
-    doc = (sys.modules[config_cls.__module__].__doc__ or "").split("\n")[0]
+    doc = " ".join((sys.modules[config_cls.__module__].__doc__ or "").split("\n\n")[0].split())
     parser = OneLineErrors(description=doc, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     kinds = {"bool": parse_bool, "int": int, "float": float}
     for f in dataclasses.fields(config_cls):
