@@ -1180,7 +1180,7 @@ def parse_args(config_cls, argv=None):
 
 
 def parse_bool(s):
-    if s is True or s.lower() in ("1", "true", "yes"):
+    if s.lower() in ("1", "true", "yes"):
         return True
     if s.lower() in ("0", "false", "no"):
         return False
@@ -2042,11 +2042,8 @@ def check_cli_inputs(args, names, modes, runs=()):
     device = attempt(resolve_device, args.device)
     if args.batch_size < 1:
         problems.append(f"--batch_size {args.batch_size}: must be at least 1")
-    for name in names:  # a known name is fetched when it is loaded; anything else must be here now
-        known = str(name) in KNOWN_MODELS and not Path(name).expanduser().is_dir()
-        folder = None if known else attempt(resolve_model, name)
-        problems += [f"model folder {folder} has no {f}" for f in ("config.json", "vocab.txt")
-                     if folder and not (folder / f).is_file()]
+    for i, name in enumerate(names):  # a known name is fetched when loaded (Part 2, as in training)
+        problems += model_problems(name, "--compare" if i else "--model")
     runs = [attempt(load_run, path) for path in runs]
     flag, out = ("--out", args.out) if args.command == "analyze" else ("--json", args.json)
     if out:  # a folder (--out) or a file (--json) can be made there: checked, nothing created

@@ -5,7 +5,7 @@ Unlike simcse_min.py: the positive repeats a few sub-words (repeat_subwords); a 
 (EMA, dropout off) queues the last M sentence vectors as more negatives; unsupervised only.
 
     loss = -1/B sum_i log(e^{s_ii} / (sum_j e^{s_ij} + sum_m e^{t_im})),  s_ij = cos(h_i, h_j⁺)/τ
-    t_im = cos(h_i, q_m)/τ;  θ_m <- μ·θ_m + (1 - μ)·θ after each step, μ = 0.995, M = 160 = 2.5·B
+    t_im = cos(h_i, q_m)/τ;  θ_m <- μ·θ_m + (1 - μ)·θ each step;  μ = 0.995, M = 160
 
     python esimcse_min.py --data wiki1m.txt --device cuda
 
@@ -93,7 +93,7 @@ class MLPHead(nn.Module):
 
 
 def momentum_encoder(model):
-    """The encoder that fills the queue [paper §3.2]; subtle: dropout off [paper §1]. [impl] A copy
+    """The encoder that fills the queue [paper §3.2]; subtle: dropout off [paper §1]. [impl] Copy
     of the pretrained encoder: the official one is copied before loading, so starts out random."""
     return copy.deepcopy(model).eval().requires_grad_(False)
 

@@ -1,11 +1,11 @@
 """SimCSE++: SimCSE whose negatives come from a dropout-off pass, plus a contrastive loss over the
 dimensions. Xu, Shao, Chen and Liu, EMNLP 2023 (arXiv:2305.13192).
 
-Unlike simcse_min.py: a third pass with dropout off gives h0 and the negatives cos(h0_i, h0_j) [§3];
+Unlike simcse_min.py: a third pass with dropout off gives h0, and negatives cos(h0_i, h0_j) [§3];
 m scales the positive logit; DCL, InfoNCE over the H standardised dimensions, adds λ_DCL (§4.3).
 
-    off = -1/B sum_i log(e^{m s_ii} / (e^{m s_ii} + sum_{j≠i} e^{t_ij})),  s_ij = cos(h_i, h_j')/τ,
-    t_ij = cos(h0_i, h0_j)/τ;  dcl = -1/H sum_c log(e^{C_cc} / sum_d e^{C_cd}),  C = h~ᵀh~'/B/τ_DCL
+    off = -1/B sum_i log(e^{m s_ii} / (e^{m s_ii} + sum_{j!=i} e^{t_ij})), s_ij = cos(h_i, h_j')/τ,
+    t_ij = cos(h0_i, h0_j)/τ;  dcl = -1/H sum_c log(e^{C_cc}/sum_d e^{C_cd}), C = h~.T h~'/B/τ_DCL
     loss = off + λ_DCL dcl,  τ = 0.05, m = 0.9, τ_DCL = 5, λ_DCL = 0.1
 
     python simcsepp_min.py --data wiki1m.txt --device cuda
@@ -103,9 +103,9 @@ def info_nce(h1, h2, temp):
 
 def off_dropout_nce(h1, h2, h0, temp, m):
     """InfoNCE whose negatives are cos(h0_i, h0_j)/τ, j ≠ i, both from the dropout-off pass, and
-    whose positive m·cos(h1_i, h2_i)/τ is also in the denominator [paper Eq. 3; official @899e49b].
+    whose positive m·cos(h1_i, h2_i)/τ is in the denominator too [paper Eq. 3; official @899e49b].
     Eq. 3 writes m on the negative sum (a constant shift, log m); the official code scales the
-    positive logit (a positive-only temperature τ/m), which the paper's Table 5 m-sweep supports."""
+    positive logit (a positive-only temperature τ/m), which the paper's Table 5 sweep supports."""
     h1, h2, h0 = (F.normalize(h, dim=-1) for h in (h1, h2, h0))
     eye = torch.eye(len(h1), dtype=torch.bool, device=h1.device)
     positive = m * (h1 * h2).sum(-1) / temp  # [B]

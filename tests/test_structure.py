@@ -24,7 +24,7 @@ DIFF_BUDGET = {"esimcse_min.py": 100, "simcsepp_min.py": 100, "diffcse_min.py": 
 # STYLE §2.1 (550, 300; the file 1,450): CEILINGS stop them growing while issue 15 brings them down,
 # and test_common_parts_meet_the_style_targets says how far they are (it fails once they get there).
 PART_TARGETS = {"Part 1": 650, "Part 2": 550, "Part 3": 300, "common.py": 1450}
-CEILINGS = {"Part 1": 650, "Part 2": 1040, "Part 3": 410, "common.py": 2095}
+CEILINGS = {"Part 1": 650, "Part 2": 1040, "Part 3": 405, "common.py": 2090}
 ALLOWED = {"torch", "numpy", "scipy", "common"}
 
 
@@ -75,9 +75,9 @@ def test_line_caps(name):
 
 @pytest.mark.parametrize("name", SCRIPTS + ["common.py"])
 def test_no_line_over_100_characters(name):
-    long = [f"{i}: {len(line)}" for i, line in enumerate(source(name).splitlines(), 1)
-            if len(line) > 100]
-    assert not long, f"{name}: lines over 100 characters (line: length): {long[:10]}"
+    long = [f"{i}: {len(line.encode())}" for i, line in enumerate(source(name).splitlines(), 1)
+            if len(line.encode()) > 100]  # UTF-8 bytes, stricter than characters for τ, μ, ⁺
+    assert not long, f"{name}: lines over 100 bytes (line: length): {long[:10]}"
 
 
 @pytest.mark.parametrize("part", list(CEILINGS))
