@@ -662,20 +662,31 @@ import shutil
 import signal
 import tarfile
 import tempfile
-import threading
 import urllib.error
 import urllib.request
 
 
 class UserError(Exception):
     """A problem with the user's input: one line on stderr, exit status 2, no traceback."""
+    exit_code = 2
 
 
 class CheckpointError(UserError):
     """A model folder or checkpoint file that cannot be loaded as it is."""
 
 
+class RunFinished(UserError):
+    """--resume of a run that already finished: said in one line, exit status 0, nothing done."""
+    exit_code = 0
+
+
+class TrainingStopped(UserError):
+    """The run stopped itself (a non-finite loss) after writing the best model so far: exit 3."""
+    exit_code = 3
+
+
 def set_seed(seed):
+    """Python's, numpy's and torch's global generators."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -703,8 +714,7 @@ def atomic_write(path, mode="w"):
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        Path(tmp).unlink(missing_ok=True)
         raise
 
 
@@ -729,13 +739,12 @@ DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F
 
 
 def read_safetensors(path):
-    """A .safetensors file (8-byte header size, JSON header, raw bytes) -> {name: tensor}. Every
-    size and offset is checked before anything is allocated: a hostile file is a CheckpointError."""
+    """A .safetensors file -> {name: tensor}, every size and offset checked before allocating."""
     def bad(why):
         return CheckpointError(f"{path}: not a valid safetensors file: {why}")
     if not Path(path).is_file():
         raise CheckpointError(f"{path} is missing or not a file")
-    data = Path(path).read_bytes()
+    data = Path(path).read_bytes()  # 8 bytes: the header's size, the JSON header, the tensors
     if len(data) < 8:
         raise bad(f"{len(data)} bytes, too short to hold the 8-byte header size (truncated?)")
     n = int.from_bytes(data[:8], "little")
@@ -771,15 +780,15 @@ def read_safetensors(path):
 
 
 def write_safetensors(path, tensors, metadata=None):
-    """Tensors in the safetensors format (header padded to 8 bytes), written atomically."""
+    """{name: tensor} -> a .safetensors file (header padded to 8 bytes), written atomically."""
+    tensors = {k: t.detach().contiguous().cpu() for k, t in tensors.items()}
     names, offset = {v: k for k, v in DTYPES.items()}, 0
-    tensors, header = {k: t.detach().contiguous().cpu() for k, t in tensors.items()}, {}
+    header = {"__metadata__": {"format": "pt", **(metadata or {})}}
     for name, t in tensors.items():
         size = t.numel() * t.element_size()
         header[name] = {"dtype": names[t.dtype], "shape": list(t.shape),
                         "data_offsets": [offset, offset + size]}
         offset += size
-    header = {"__metadata__": {"format": "pt", **(metadata or {})}, **header}
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
     with atomic_write(path, "wb") as f:
@@ -788,7 +797,18 @@ def write_safetensors(path, tensors, metadata=None):
             f.write(t.reshape(-1).view(torch.uint8).numpy().tobytes())
 
 
-# --- Hugging Face model folders: vocabulary, config, weights, names -----------------------------
+# --- Hugging Face model folders: files, config, weights, names ----------------------------------
+
+def folder_problem(folder):
+    """What keeps `folder` from being a model folder we can read ("" if nothing)."""
+    if not (folder / "config.json").is_file():
+        return "has no config.json: not a Hugging Face model folder"
+    if not (folder / "vocab.txt").is_file():
+        return "has no vocab.txt: not a BERT (WordPiece) model folder"
+    if not any((folder / w).is_file() for w in ("model.safetensors", "pytorch_model.bin")):
+        return "has neither model.safetensors nor pytorch_model.bin"
+    return ""
+
 
 def read_vocab(folder):
     """A folder's vocab.txt (token -> line number) and tokenizer_config.json ({} if absent)."""
@@ -816,24 +836,23 @@ DISTILBERT_CONFIG = {"dim": "hidden_size", "n_layers": "num_hidden_layers", "n_h
 
 
 def read_model_folder(folder):
-    """config.json -> a checked BertConfig, and the weights, whose size must fit it before the model
-    is allocated (a hostile config.json must not exhaust memory) -> (cfg, tensors, model_type)."""
-    if not (folder / "config.json").exists():
+    """config.json -> a checked BertConfig; the weights, whose size must fit it before the model is
+    allocated (a hostile config.json must not exhaust memory) -> (cfg, tensors, model_type)."""
+    if not (folder / "config.json").is_file():
         raise CheckpointError(f"{folder} has no config.json: not a Hugging Face model folder")
     hf = read_json(folder / "config.json", "the model's config.json")
-    if not isinstance(hf, dict):
-        raise CheckpointError(f"{folder}: config.json is not a JSON object")
-    kind = hf.get("model_type", "bert")
+    kind = hf.get("model_type", "bert") if isinstance(hf, dict) else None
     lacking = [k for k in [*DISTILBERT_CONFIG][:6] + ["vocab_size", "max_position_embeddings"]
                if kind == "distilbert" and k not in hf]
-    if lacking:
-        raise CheckpointError(f"{folder}: config.json lacks {lacking}")
+    if kind is None or lacking:
+        raise CheckpointError(f"{folder}: config.json " + (f"lacks {lacking}" if lacking else
+                                                           "is not a JSON object"))
     if kind == "distilbert":
         hf = {DISTILBERT_CONFIG.get(k, k): v for k, v in hf.items()} | {"type_vocab_size": 0}
-    if hf.get("hidden_act", "gelu") != "gelu" or hf.get("sinusoidal") or \
-            hf.get("position_embedding_type", "absolute") != "absolute":
-        raise CheckpointError("only BERT/DistilBERT with GELU and learned absolute positions is "
-                              "supported")
+    if kind not in ("bert", "distilbert") or hf.get("hidden_act", "gelu") != "gelu" or \
+            hf.get("sinusoidal") or hf.get("position_embedding_type", "absolute") != "absolute":
+        raise CheckpointError(f"{folder}: model_type {kind!r}: only BERT/DistilBERT with GELU and "
+                              f"learned absolute positions is supported")
     cfg = BertConfig(**{f.name: hf[f.name] for f in dataclasses.fields(BertConfig) if f.name in hf})
     values = dataclasses.asdict(cfg)
     bad = [k for k, v in values.items() if k.endswith(("_size", "_layers", "_heads", "_embeddings"))
@@ -847,19 +866,14 @@ def read_model_folder(folder):
     if bad:
         raise CheckpointError(f"{folder}: config.json has unusable values: "
                               + ", ".join(f"{k}={values[k]!r}" for k in bad[:4]))
-    tensors = read_weights(folder)
+    H, I, tensors = cfg.hidden_size, cfg.intermediate_size, read_weights(folder)
+    needed = (cfg.vocab_size + cfg.max_position_embeddings + cfg.type_vocab_size) * H + \
+        cfg.num_hidden_layers * (4 * H * H + 2 * H * I)  # the encoder's parameters
     stored = sum(t.numel() for t in tensors.values())
-    if n_params(cfg) > stored:
-        raise CheckpointError(f"{folder}: config.json describes {n_params(cfg):,} parameters but "
+    if needed > stored:
+        raise CheckpointError(f"{folder}: config.json describes {needed:,} parameters but "
                               f"the weights hold {stored:,} numbers: they do not belong together")
     return cfg, tensors, kind
-
-
-def n_params(cfg):
-    """The encoder's parameter count a BertConfig implies (a size check before allocating)."""
-    H, I = cfg.hidden_size, cfg.intermediate_size
-    return (cfg.vocab_size + cfg.max_position_embeddings + cfg.type_vocab_size) * H + \
-        cfg.num_hidden_layers * (4 * H * H + 2 * H * I)
 
 
 def read_weights(folder):
@@ -877,6 +891,7 @@ def read_weights(folder):
 
 
 RENAMES = {  # our module: (Hugging Face BERT's, DistilBERT's); one table, read both ways
+    "layers": ("encoder.layer", "transformer.layer"),
     "query": ("attention.self.query", "attention.q_lin"),
     "key": ("attention.self.key", "attention.k_lin"),
     "value": ("attention.self.value", "attention.v_lin"),
@@ -893,43 +908,29 @@ TIED = {"cls.predictions.decoder.weight", "vocab_projector.weight"}  # = the wor
 SKIPPED = {"embeddings.position_ids", "cls.predictions.decoder.bias"}  # a buffer; the bias again
 
 
-def hf_to_ours(key, model_type):
-    """A Hugging Face checkpoint key -> our parameter name, or None if we have no such tensor."""
-    key = re.sub(r"^(bert|distilbert)\.", "", key)
-    key = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", key)  # legacy names [HF #11809]
-    key = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", key)
-    theirs = {names[model_type == "distilbert"]: ours for ours, names in RENAMES.items()}
-    m = re.fullmatch(r"(?:encoder|transformer)\.layer\.(\d+)\.(.+)\.(weight|bias)", key)
-    if m:
-        return f"layers.{m[1]}.{theirs[m[2]]}.{m[3]}" if m[2] in theirs else None
-    module, _, param = key.rpartition(".")
-    if module.startswith("embeddings."):
-        return key  # the embeddings keep their Hugging Face names
-    return f"{theirs[module]}.{param}" if module.startswith(("cls", "vocab")) and module in theirs \
-        else None
-
-
-def ours_to_hf(name):
-    """Our parameter name -> the Hugging Face BertModel / BertForMaskedLM key."""
-    m = re.fullmatch(r"layers\.(\d+)\.(\w+)\.(weight|bias)", name)
-    if m:
-        return f"encoder.layer.{m[1]}.{RENAMES[m[2]][0]}.{m[3]}"
+def hf_name(name, distil=False):
+    """Our parameter name -> the Hugging Face BERT (or DistilBERT) one, without 'bert.'."""
     module, _, param = name.rpartition(".")
-    return f"{RENAMES[module][0] if module in RENAMES else module}.{param}"
+    parts = re.fullmatch(r"(layers)\.(\d+)\.(\w+)", module)
+    names = [parts[1], parts[2], parts[3]] if parts else [module]  # embeddings.*: as they are
+    return ".".join(RENAMES[n][distil] if n in RENAMES else n for n in names) + f".{param}"
 
 
 def rename_checkpoint(tensors, model_type, model):
     """Checkpoint tensors -> (state_dict in our names, unused keys); every model tensor filled with
     the right shape, else a CheckpointError naming the missing or mismatched ones."""
     expected, state, unused = model.state_dict(), {}, set()
+    ours = {hf_name(k, model_type == "distilbert"): k for k in expected}
     words = next((v for k, v in tensors.items() if k.endswith("embeddings.word_embeddings.weight")),
                  None)
     for key, t in tensors.items():
-        bare, ours = re.sub(r"^(bert|distilbert)\.", "", key), hf_to_ours(key, model_type)
+        bare = re.sub(r"^(bert|distilbert)\.", "", key)
+        bare = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", bare)  # legacy names [HF #11809]
+        bare = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", bare)
         if bare in TIED and model.mlm is not None and (words is None or not torch.equal(t, words)):
             raise CheckpointError(f"{key} is not tied to the word embeddings; this BERT ties them")
-        if ours in expected and bare not in TIED | SKIPPED:
-            state[ours] = t.to(expected[ours].dtype)
+        if bare in ours:
+            state[ours[bare]] = t.to(expected[ours[bare]].dtype)
         elif bare not in TIED | SKIPPED:
             unused.add(key)
     missing = [k for k in expected if k not in state]
@@ -950,7 +951,7 @@ def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
     folder, cfg, mlm = Path(folder), model.cfg, model.mlm is not None
     (folder / "1_Pooling").mkdir(parents=True, exist_ok=True)
     write_safetensors(folder / "model.safetensors", {  # BertForMaskedLM keys with an MLM head
-        "bert." * (mlm and not n.startswith("mlm.")) + ours_to_hf(n): t.to(dtype)
+        "bert." * (mlm and not n.startswith("mlm.")) + hf_name(n): t.to(dtype)
         for n, t in model.state_dict().items()})
     specials = {f"{n}_token": t for n, t in zip("pad unk cls sep mask".split(), SPECIAL_TOKENS)}
     strip = None if tokenizer.strip_accents == tokenizer.lower else tokenizer.strip_accents
@@ -1013,44 +1014,41 @@ def resolve_model(name_or_dir, flag="--model"):
 
 
 def download(url, dest, expected_sha256=None, flag="the path"):
-    """url -> dest with a progress line, resuming a .part file and checking size and SHA-256 (given,
+    """url -> dest with a progress line, resuming a .part file, checking size and SHA-256 (given,
     or Hugging Face's ETag). A failed download leaves no empty folder; a cut one keeps its .part."""
     dest, created = Path(dest), [p for p in Path(dest).parents if not p.exists()]
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
-    have, done, total = part.stat().st_size if part.exists() else 0, 0, 0
+    have = total = part.stat().st_size if part.exists() else 0
     try:
-        try:
-            response = urllib.request.urlopen(urllib.request.Request(
-                url, headers={"Range": f"bytes={have}-"} if have else {}), timeout=60)
-        except urllib.error.HTTPError as e:
-            if e.code != 416:  # 416: nothing left to fetch, the part file is complete
-                raise UserError(f"download of {url} failed: HTTP {e.code} {e.reason}") from None
-            response = None
-        except (urllib.error.URLError, OSError) as e:
-            raise UserError(f"cannot download {url} ({getattr(e, 'reason', e)}): you seem to be "
-                            f"offline; fetch it where there is internet and pass its path with "
-                            f"{flag}") from None
-        if response is not None:
-            with response, open(part, "ab" if have and response.status == 206 else "wb") as f:
-                done = have if response.status == 206 else 0  # else the server ignored the range
-                h, shown = response.headers, 0.0
-                total = done + int(h.get("Content-Length", 0))
-                etag = (h.get("X-Linked-Etag") or h.get("ETag") or "").strip('"W/')
-                if not expected_sha256 and re.fullmatch(r"[0-9a-f]{64}", etag):
-                    expected_sha256 = etag
-                while chunk := response.read(1 << 20):
-                    f.write(chunk)
-                    done += len(chunk)
-                    if time.time() - shown > 1 or done == total:
-                        shown = time.time()
-                        print(f"\r{dest.name}: {done / 1e6:.1f} / {total / 1e6:.1f} MB", end="",
-                              file=sys.stderr)
-            print(file=sys.stderr)
-            if total and part.stat().st_size != total:
-                raise OSError("short read")
+        response = urllib.request.urlopen(urllib.request.Request(
+            url, headers={"Range": f"bytes={have}-"} if have else {}), timeout=60)
+        with response, open(part, "ab" if response.status == 206 else "wb") as f:
+            done = have if response.status == 206 else 0  # else the server ignored the range
+            h, shown = response.headers, 0
+            total = done + int(h.get("Content-Length", 0))
+            etag = (h.get("X-Linked-Etag") or h.get("ETag") or "").strip('"W/')
+            if not expected_sha256 and re.fullmatch(r"[0-9a-f]{64}", etag):
+                expected_sha256 = etag
+            while chunk := response.read(1 << 20):
+                f.write(chunk)
+                done += len(chunk)
+                if time.time() - shown > 1 or done == total:
+                    shown = time.time()
+                    print(f"\r{dest.name}: {done / 1e6:.1f} / {total / 1e6:.1f} MB", end="",
+                          file=sys.stderr)
+        print(file=sys.stderr)
+        if total and part.stat().st_size != total:
+            raise OSError("short read")
+    except urllib.error.HTTPError as e:
+        if e.code != 416:  # 416: nothing left to fetch, the part file is complete
+            raise UserError(f"download of {url} failed: HTTP {e.code} {e.reason}") from None
+    except urllib.error.URLError as e:
+        raise UserError(f"cannot download {url} ({e.reason}): you seem to be offline; fetch it "
+                        f"where there is internet and pass its path with {flag}") from None
     except (OSError, http.client.HTTPException) as e:  # reset, timed out or cut: keep the part
-        raise UserError(f"download of {url} was cut at {part.stat().st_size} of {total} bytes "
+        size = part.stat().st_size if part.exists() else 0
+        raise UserError(f"download of {url} was cut at {size} of {total} bytes "
                         f"({type(e).__name__}); run the same command again to resume") from None
     finally:
         for p in created:
@@ -1064,6 +1062,7 @@ def download(url, dest, expected_sha256=None, flag="the path"):
 
 
 def sha256_file(path):
+    """The SHA-256 of a file, read in 1 MB pieces."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
@@ -1148,15 +1147,6 @@ def malformed_file(path):
 
 # --- Flags, input checks and one-line errors ----------------------------------------------------
 
-class RunFinished(Exception):
-    """--resume of a run that already finished: said in one line, exit status 0, nothing done."""
-
-
-class TrainingStopped(UserError):
-    """The run stopped itself (a non-finite loss) after writing the best model so far: exit 3."""
-    exit_code = 3
-
-
 class OneLineErrors(argparse.ArgumentParser):
     """A bad flag: one line on stderr (not the whole usage), exit status 2, like every bad input."""
 
@@ -1180,10 +1170,9 @@ def parse_args(config_cls, argv=None):
 
 
 def parse_bool(s):
-    if s.lower() in ("1", "true", "yes"):
-        return True
-    if s.lower() in ("0", "false", "no"):
-        return False
+    """1/true/yes or 0/false/no, any case."""
+    if s.lower() in ("1", "true", "yes", "0", "false", "no"):
+        return s.lower() in ("1", "true", "yes")
     raise argparse.ArgumentTypeError(f"expected 1/0/true/false, got {s!r}")
 
 
@@ -1244,6 +1233,7 @@ def check_inputs(cfg, models, world_size=1):
 
 
 def data_problems(path):
+    """A data file that is a folder, or missing (a known SimCSE file is downloaded instead)."""
     p = Path(path).expanduser()
     if p.is_dir():
         return [f"data file {p} is a directory; pass a text file with one sentence per line"]
@@ -1252,16 +1242,10 @@ def data_problems(path):
 
 
 def model_problems(name, flag):
-    folder, why = Path(name).expanduser(), ""
-    if not folder.is_dir():
-        known = str(name) in KNOWN_MODELS or hub_snapshot(name)
-        why = "" if known else f"is neither a folder nor a known name ({', '.join(KNOWN_MODELS)})"
-    elif not (folder / "config.json").is_file():
-        why = "has no config.json: not a Hugging Face model folder"
-    elif not (folder / "vocab.txt").is_file():
-        why = "has no vocab.txt: not a BERT (WordPiece) model folder"
-    elif not any((folder / w).is_file() for w in ("model.safetensors", "pytorch_model.bin")):
-        why = "has neither model.safetensors nor pytorch_model.bin"
+    """A model that is neither a usable folder nor a name we can fetch."""
+    folder, known = Path(name).expanduser(), str(name) in KNOWN_MODELS or hub_snapshot(name)
+    why = folder_problem(folder) if folder.is_dir() else "" if known else \
+        f"is neither a folder nor a known name ({', '.join(KNOWN_MODELS)})"
     return [f"{flag} {name} {why}"] if why else []
 
 
@@ -1332,23 +1316,21 @@ def read_training_data(path):
 
 
 def main_guard(fn, *args):
-    """Run a command-line entry point: a UserError becomes one line on stderr and exit status 2.
-    Under torchrun the process group ends after a normal return (on an error torchrun stops all)."""
+    """Run a command-line entry point: a UserError is one line on stderr and its exit status (2),
+    never a traceback. Under torchrun the process group ends after a normal return."""
     try:
         result = fn(*args)
-        leave_distributed()
-        return result
-    except RunFinished as e:
-        if int(os.environ.get("RANK", "0")) == 0:  # every rank finds it finished
-            print(e, file=sys.stderr)
-        leave_distributed()
-        sys.exit(0)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(getattr(e, "exit_code", 2))
+        if e.exit_code == 0:  # --resume of a finished run: said once, not an error
+            leave_distributed()
+        if e.exit_code or int(os.environ.get("RANK", "0")) == 0:  # before the process group
+            print(f"error: {e}" if e.exit_code else e, file=sys.stderr)
+        sys.exit(e.exit_code)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    leave_distributed()  # on an error torchrun stops every process
+    return result
 
 
 # --- Corpus tokenization speed-ups: all cores, a flat int32 array, a cache on disk ---------------
@@ -1376,12 +1358,6 @@ class TokenizedRows:
     def __init__(self, flat, offsets, cols):
         self.flat, self.offsets, self.cols = flat, offsets, cols  # [T] int32, [N*C + 1] int64
 
-    @classmethod
-    def from_lists(cls, id_lists, cols):
-        lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
-        flat = np.fromiter(itertools.chain.from_iterable(id_lists), np.int32, int(lengths.sum()))
-        return cls(flat, np.concatenate([[0], np.cumsum(lengths)]), cols)
-
     def __len__(self):
         return (len(self.offsets) - 1) // self.cols
 
@@ -1403,8 +1379,10 @@ def tokenize_file(tok, path, max_len):
         with np.load(cached) as z:
             return TokenizedRows(z["flat"], z["offsets"], int(z["cols"])), time.time() - start, True
     rows = read_training_data(path)
-    data = TokenizedRows.from_lists(tokenize_corpus(tok, [s for r in rows for s in r], max_len),
-                                    len(rows[0]))
+    ids = tokenize_corpus(tok, [s for r in rows for s in r], max_len)
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(lengths.sum()))
+    data = TokenizedRows(flat, np.concatenate([[0], np.cumsum(lengths)]), len(rows[0]))
     with contextlib.suppress(OSError):  # a read-only cache costs the next run the tokenization
         cached.parent.mkdir(parents=True, exist_ok=True)
         with atomic_write(cached, "wb") as f:
@@ -1413,9 +1391,8 @@ def tokenize_file(tok, path, max_len):
 
 
 def compile_encoder(run, model):
-    """--compile: torch.compile the encoder in place (Module.compile keeps parameter names); batches
-    padded to max_len (CUDA graphs want static shapes). model.encode (evaluation) stays eager."""
-    if run.cfg.compile:
+    """--compile: torch.compile the encoder in place; batches padded to max_len (static shapes)."""
+    if run.cfg.compile:  # Module.compile keeps parameter names; model.encode stays eager
         run.width = run.cfg.max_len
         model.compile(mode="reduce-overhead" if run.device.type == "cuda" else None)
         run.log("compiled the encoder (torch.compile); the first steps include the compilation")
@@ -1485,26 +1462,20 @@ def load_checkpoint(path):
 
 
 def state_of(obj):
-    """A live training object -> its state, as tensors, numbers and plain containers."""
-    if hasattr(obj, "state_dict"):
-        return obj.state_dict()  # modules, optimizers, schedulers
-    if isinstance(obj, torch.Generator):
-        return obj.get_state()
-    if isinstance(obj, random.Random):
-        return obj.getstate()
-    return list(obj)  # a deque of tensors (ESimCSE's queue)
+    """Modules, optimizers, schedulers, generators -> their state; a deque (ESimCSE) -> a list."""
+    for get in ("state_dict", "get_state", "getstate"):  # torch, torch.Generator, random.Random
+        if hasattr(obj, get):
+            return getattr(obj, get)()
+    return list(obj)
 
 
 def restore_state(obj, state, device):
-    if hasattr(obj, "load_state_dict"):
-        obj.load_state_dict(state)
-    elif isinstance(obj, torch.Generator):
-        obj.set_state(state)
-    elif isinstance(obj, random.Random):
-        obj.setstate(state)
-    else:
-        obj.clear()
-        obj.extend(t.to(device) for t in state)
+    """The inverse of state_of, in place."""
+    for put in ("load_state_dict", "set_state", "setstate"):
+        if hasattr(obj, put):
+            return getattr(obj, put)(state)
+    obj.clear()
+    obj.extend(t.to(device) for t in state)
 
 
 def rng_states():
@@ -1518,6 +1489,7 @@ def rng_states():
 
 
 def set_rng_states(states):
+    """The inverse of rng_states."""
     version, mt, gauss = states["python"]
     random.setstate((version, tuple(mt.tolist()), gauss))
     kind, key, pos, has_gauss, cached = states["numpy"]
@@ -1528,9 +1500,8 @@ def set_rng_states(states):
 
 
 def save_checkpoint(run, step, saved):
-    """out_dir/checkpoint.pt: everything to continue after `step` as if never stopped (rank 0
-    writes; the other ranks hold the same state)."""
-    if run.rank > 0:
+    """out_dir/checkpoint.pt: all it takes to continue after `step` as if never stopped (rank 0)."""
+    if run.rank > 0:  # the other ranks hold the same state
         return
     state = {"format": 2, "method": run.method, "step": step, "total": run.total,
              "rows": run.n_rows, "config": dataclasses.asdict(run.cfg), "rng": rng_states(),
@@ -1571,19 +1542,18 @@ def restore_checkpoint(run, saved):
 def catch_signals(run):
     """Ctrl-C / SIGTERM set run.signal: the loop saves a checkpoint at the next step boundary and
     exits 128 + signal (exit_on_signal). A second one stops at once."""
-    if threading.current_thread() is not threading.main_thread():
-        return  # handlers can only be set in the main thread
-
     def handler(signum, frame):
         if run.signal:
             raise KeyboardInterrupt
         run.signal = signum
         print(f"\n{signal.Signals(signum).name}: saving a checkpoint after this step (again to "
               f"stop now)", file=sys.stderr, flush=True)
-    run.old_handlers = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    with contextlib.suppress(ValueError):  # handlers can only be set in the main thread
+        run.old_handlers = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
 
 
 def release_signals(run):
+    """The handlers as they were before catch_signals."""
     for s, h in getattr(run, "old_handlers", {}).items():
         signal.signal(s, h)
     run.old_handlers = {}
@@ -1615,8 +1585,8 @@ def world():
 
 
 def init_distributed(device):
-    """Join torchrun's process group (it sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) ->
-    this rank's device: NCCL and cuda:LOCAL_RANK on CUDA, gloo on the CPU. No torchrun: nothing."""
+    """Join torchrun's process group (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) -> this rank's
+    device: NCCL and cuda:LOCAL_RANK on CUDA, gloo on the CPU. Without torchrun: `device`."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
         return device
     if device.type == "mps":
@@ -1663,9 +1633,9 @@ def unwrap(module):
 
 
 def leave_distributed():
-    """End the process group once the trainer has returned. Its DDP wrappers sit in reference
-    cycles and hold the group: collected first, so the gloo threads stop now, not during interpreter
-    shutdown, where they can abort the process (SIGABRT once in CI) [pytorch/pytorch#179291]."""
+    """End the process group after the trainer returns; its DDP wrappers, in reference cycles, hold
+    it: collected first, so gloo's threads stop now, not in interpreter shutdown, where they can
+    abort the process (SIGABRT once in CI) [pytorch/pytorch#179291]."""
     if dist.is_initialized():
         gc.collect()
         dist.destroy_process_group()
