@@ -497,8 +497,7 @@ def all_gather(x, views=1):
 
 
 class Run:
-    """A run's bookkeeping (inputs, log, model, data, dev score, best state, results); the loop
-    itself is in each train()."""
+    """A run's bookkeeping: inputs, log, data, dev scores, best state, results (loop: train())."""
 
     def __init__(self, cfg, script, models=("model",)):
         method = Path(script).stem.removesuffix("_min")  # simcse, esimcse, simcsepp or diffcse
@@ -542,6 +541,7 @@ class Run:
         """The training file, tokenized once ([CLS] and [SEP] in max_len); the STS-B dev set."""
         with rank0_first():  # rank 0 tokenizes and writes the token cache, the others read it
             data, seconds, hit = tokenize_file(tok, resolve_data(self.cfg.data), self.cfg.max_len)
+        self.data_sha256 = data.sha256  # a --resume must find the same data
         if one_column and data.cols != 1:
             raise UserError(f"{self.cfg.data} has {data.cols} columns: {self.method} is "
                             f"unsupervised, one sentence a line (supervised: simcse_min.py)")
@@ -565,18 +565,18 @@ class Run:
         return compile_encoder(self, model)  # --compile (Part 2): torch.compile, static shapes
 
     def start(self, saved):
-        """Open out_dir, catch Ctrl-C/SIGTERM -> 0, or the --resume step with `saved` restored."""
+        """Open out_dir -> 0, or the --resume step with `saved` restored; catch Ctrl-C/SIGTERM."""
         open_out_dir(self)
-        catch_signals(self)
-        return restore_checkpoint(self, saved) if self.resumed else 0
+        step = restore_checkpoint(self, saved) if self.resumed else 0
+        catch_signals(self)  # after the restore: a checkpoint that does not fit leaves none set
+        return step
 
     def ddp(self, module):
         """DistributedDataParallel around a trained module under torchrun; else the module."""
         return wrap_ddp(module, self.device)
 
     def batches(self, data, tok, start):
-        """ids, mask [B, C, L] for steps start+1 .. total, a fresh shuffle every epoch. The last
-        partial batch is dropped (a batch of one has no negatives; the official code keeps it)."""
+        """ids, mask [B, C, L] for steps start+1..total; shuffled per epoch, full batches only."""
         for step in range(start, self.total):
             epoch, position = divmod(step, self.per_epoch)
             if position == 0 or step == start:  # a fresh permutation per (seed, epoch)
@@ -615,9 +615,9 @@ class Run:
         self.best_state = {k: v.detach().clone() for k, v in unwrap(model).state_dict().items()}
 
     def finish(self, model, tok, stopped=None):
-        """Best state -> test table, saved model and results.json in out_dir (rank 0 only)."""
-        release_signals(self)
+        """Best state -> test table, model, results.json in out_dir (rank 0); signals caught."""
         if self.rank > 0:
+            release_run(self)
             return {}
         model = unwrap(model)
         if self.best_state is not None:
@@ -637,6 +637,7 @@ class Run:
         (self.out / "checkpoint.pt").unlink(missing_ok=True)
         self.log(f"best stsb_dev {self.best_dev:.2f} @ step {self.best_step}; model and "
                  f"results.json in {self.out}")
+        release_run(self)
         return results
 
     def stop_non_finite(self, step, loss, model, tok):
@@ -652,6 +653,7 @@ class Run:
 # torchrun. They make the project safe and pleasant to run; Part 1 calls them by name.
 # ==================================================================================================
 import argparse
+import errno
 import gc
 import hashlib
 import http.client
@@ -660,6 +662,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import stat
 import tarfile
 import tempfile
 import urllib.error
@@ -702,12 +705,17 @@ def finite_or_none(x, digits=6):
 
 # --- Files: atomic writes, JSON, safetensors ----------------------------------------------------
 
+UMASK = os.umask(0o022)  # read it (the only way is to set it) and put it back
+os.umask(UMASK)
+
+
 @contextlib.contextmanager
 def atomic_write(path, mode="w"):
     """Write a temporary file beside `path`, then rename it over: no reader sees a partial file."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, 0o666 & ~UMASK)  # the user's usual permissions, not mkstemp's 0600
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
             f.flush()
@@ -719,9 +727,14 @@ def atomic_write(path, mode="w"):
 
 
 def write_json(path, obj, indent=2):
-    """Strict JSON (no NaN or Infinity tokens), written atomically."""
+    """Strict JSON, written atomically: NaN and infinities (an undefined score) become null."""
     with atomic_write(path) as f:
-        json.dump(obj, f, indent=indent, allow_nan=False)
+        json.dump(nan_to_null(obj), f, indent=indent, allow_nan=False)
+
+
+def nan_to_null(obj):
+    """NaN and infinities -> None: strict JSON has no NaN."""
+    return json.loads(json.dumps(obj), parse_constant=lambda name: None)
 
 
 def read_json(path, what):
@@ -826,6 +839,9 @@ def read_vocab(folder):
     config = read_json(path, "tokenizer_config.json") if path.exists() else {}
     if not isinstance(config, dict):
         raise CheckpointError(f"{path} is not a JSON object")
+    for k in ("do_lower_case", "strip_accents"):  # a string "false" would count as true
+        if type(config.get(k, False)) is not bool and config[k] is not None:
+            raise CheckpointError(f"{path}: {k} is {config[k]!r}; it must be true or false")
     return vocab, config
 
 
@@ -859,6 +875,8 @@ def read_model_folder(folder):
            and not (type(v) is int and v >= (k != "type_vocab_size"))]  # 0 types: DistilBERT
     bad += [k for k, v in values.items()
             if k.endswith("_prob") and not (type(v) in (int, float) and 0 <= v < 1)]
+    bad += [] if type(cfg.layer_norm_eps) in (int, float) and 0 < cfg.layer_norm_eps < 1 else \
+        ["layer_norm_eps"]
     if not bad and cfg.hidden_size % cfg.num_attention_heads:  # the heads must split the width
         bad = ["hidden_size", "num_attention_heads"]
     if not bad and not (type(cfg.pad_token_id) is int and 0 <= cfg.pad_token_id < cfg.vocab_size):
@@ -873,6 +891,11 @@ def read_model_folder(folder):
     if needed > stored:
         raise CheckpointError(f"{folder}: config.json describes {needed:,} parameters but "
                               f"the weights hold {stored:,} numbers: they do not belong together")
+    words = max(read_vocab(folder)[0].values()) + 1 if (folder / "vocab.txt").exists() else 0
+    if words > cfg.vocab_size:  # a token id past the embedding rows would fail mid-training
+        raise CheckpointError(f"{folder}: vocab.txt has {words} tokens but the embeddings have "
+                              f"{cfg.vocab_size} rows (config.json vocab_size): it mixes two "
+                              f"models")
     return cfg, tensors, kind
 
 
@@ -883,11 +906,15 @@ def read_weights(folder):
     if not (folder / "pytorch_model.bin").exists():
         raise CheckpointError(f"{folder} has neither model.safetensors nor pytorch_model.bin")
     try:
-        return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        tensors = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
     except Exception as e:  # weights_only refuses anything but tensors and plain containers
-        first = (str(e).strip() or type(e).__name__).splitlines()[0]
-        raise CheckpointError(f"{folder}/pytorch_model.bin cannot be loaded safely (weights only): "
-                              f"{first}") from None
+        raise CheckpointError(f"{folder}/pytorch_model.bin cannot be loaded safely (weights only; "
+                              f"{type(e).__name__}): convert it to model.safetensors") from None
+    if not (isinstance(tensors, dict) and all(type(k) is str and isinstance(v, torch.Tensor)
+                                              for k, v in tensors.items())):
+        raise CheckpointError(f"{folder}/pytorch_model.bin is not a flat dict of named tensors "
+                              f"(a training checkpoint?): save the model's state_dict instead")
+    return tensors
 
 
 RENAMES = {  # our module: (Hugging Face BERT's, DistilBERT's); one table, read both ways
@@ -974,8 +1001,13 @@ def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
             for m in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens")}},
     }.items():
         write_json(folder / name, content)
+    lines = [""] * (max(tokenizer.vocab.values()) + 1)  # line i holds token i, as it was read
+    for token, i in tokenizer.vocab.items():
+        lines[i] = token
+    if any("\n" in t or "\r" in t for t in lines):  # vocab.txt has one token a line
+        raise CheckpointError("the vocabulary has a token with a line break: it cannot be saved")
     with atomic_write(folder / "vocab.txt") as f:
-        f.write("".join(token + "\n" for token in tokenizer.vocab))
+        f.write("".join(token + "\n" for token in lines))
 
 
 # --- Resolving and downloading models and data --------------------------------------------------
@@ -1127,8 +1159,8 @@ def sts_files(mode):
 def check_senteval(root, mode="test"):
     """A missing or incomplete SentEval folder -> one line: what is missing, how to get it."""
     fix = "run `python common.py download senteval` and use --senteval ~/.cache/simcse-min/senteval"
-    if not Path(root).is_dir():
-        raise UserError(f"SentEval folder {root} does not exist; {fix}")
+    if path_problem(root, folder=True):
+        raise UserError(f"SentEval folder {root} {path_problem(root, folder=True)}; {fix}")
     missing = [f for f in sts_files(mode) if not (Path(root) / f).is_file()]
     if missing:
         raise UserError(f"SentEval folder {root} is incomplete: missing {', '.join(missing[:4])}"
@@ -1197,7 +1229,7 @@ SHARED_CHECKS = {  # flag -> its interval ('[' includes the bound, '(' excludes 
     "dropout": "[0, 1)", "save_every": "[0, inf)"}  # a method's own flags: its Config.checks
 WHY = {"seed": " (numpy's seed range)", "batch_size": " (a batch of one has no negatives)",
        "max_len": " ([CLS], one token, [SEP])", "max_steps": " (0: all epochs)",
-       "save_every": " (0: only on a signal)"}
+       "save_every": " (0: only at the end and on a signal)"}
 
 
 def in_interval(value, interval):
@@ -1232,13 +1264,30 @@ def check_inputs(cfg, models, world_size=1):
         raise UserError("; ".join(problems))
 
 
+MAX_DATA_BYTES = 16 << 30  # [impl] read into memory whole: a bound (wiki1m is 120 MB)
+
+
+def path_problem(path, folder=False):
+    """'' if `path` is a regular file (or a folder), else what it is instead."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        return "is a symlink loop" if e.errno == errno.ELOOP else "does not exist"
+    if stat.S_ISDIR(mode) or folder:
+        return "" if stat.S_ISDIR(mode) == folder else "is a file, not a folder" if folder else \
+            "is a directory; pass a text file with one sentence per line"
+    return "" if stat.S_ISREG(mode) else "is not a regular file (a FIFO, device or socket)"
+
+
 def data_problems(path):
-    """A data file that is a folder, or missing (a known SimCSE file is downloaded instead)."""
+    """A data file that is missing, not a regular file or too big (known SimCSE files: fetched)."""
     p = Path(path).expanduser()
-    if p.is_dir():
-        return [f"data file {p} is a directory; pass a text file with one sentence per line"]
     known = DATA_ALIASES.get(p.name, p.name) in KNOWN_DATA and p.parent == Path(".")
-    return [] if p.exists() or known else [f"data file {p} does not exist"]
+    why = "" if known and not os.path.lexists(p) else path_problem(p)
+    if not why and p.exists() and p.stat().st_size > MAX_DATA_BYTES:
+        why = f"is {p.stat().st_size / 2**30:.0f} GiB, over the {MAX_DATA_BYTES >> 30} GiB read " \
+              f"into memory; split it"
+    return [f"data file {p} {why}"] if why else []
 
 
 def model_problems(name, flag):
@@ -1258,34 +1307,35 @@ def out_dir_problems(out, overwrite):
         resume = f"--resume {out} to continue it, " if held == ["checkpoint.pt"] else ""
         return [f"--out_dir {out} already holds a run ({', '.join(held)}); pass {resume}"
                 f"--overwrite to replace it, or another --out_dir"]
-    parent = next(p for p in (out, *out.absolute().parents) if p.exists())
-    return [] if os.access(parent, os.W_OK) else [f"--out_dir {out}: {parent} is not writable"]
+    parent = next(p for p in (out, *out.absolute().parents) if os.path.lexists(p))
+    ok = parent.is_dir() and os.access(parent, os.W_OK)
+    return [] if ok else [f"--out_dir {out}: {parent} is not a writable folder"]
 
 
 def check_model(folder, tok, model, max_len):
-    """A folder whose parts disagree: more tokens than embedding rows, or positions < max_len."""
-    rows = model.embeddings.word_embeddings.num_embeddings
-    if len(tok.vocab) > rows:
-        raise CheckpointError(f"{folder}: vocab.txt has {len(tok.vocab)} tokens but the embeddings "
-                              f"have {rows} rows (config.json vocab_size): it mixes two models")
+    """A model with fewer positions than --max_len (vocab.txt vs rows: in read_model_folder)."""
     if max_len > model.cfg.max_position_embeddings:
         raise UserError(f"--max_len {max_len} exceeds the model's "
                         f"{model.cfg.max_position_embeddings} positions")
 
 
-def read_lines(path):
-    """Non-blank lines of a UTF-8 text file, stripped; a one-line error for anything unusable."""
-    path, problems = Path(path), data_problems(path)
+def read_text(path):
+    """A UTF-8 text file (a byte-order mark dropped); a one-line error for anything unusable."""
+    path, problems = Path(path).expanduser(), data_problems(path)
     if problems:
         raise UserError(problems[0])
     raw = path.read_bytes()
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as e:
         line = raw[:e.start].count(b"\n") + 1
         raise UserError(f"{path} is not UTF-8 (line {line}, byte {e.start}); convert it, e.g. "
                         f"iconv -t UTF-8") from None
-    lines = [s for s in (line.strip() for line in text.splitlines()) if s]
+
+
+def read_lines(path):
+    """Non-blank lines of a UTF-8 text file, stripped."""
+    lines = [s for s in (line.strip() for line in read_text(path).splitlines()) if s]
     if not lines:
         raise UserError(f"data file {path} holds no sentences")
     return lines
@@ -1296,11 +1346,15 @@ MAX_SENTENCE_CHARS = 10_000  # [impl] longer ones are cut: 512 tokens fit ~10x o
 
 
 def read_training_data(path):
-    """Sentences (one a line), or CSV rows (sentence, positive[, hard negative]) for supervised
-    SimCSE: tuples of 1-3 strings, each cut to MAX_SENTENCE_CHARS (said once, not an error)."""
+    """Sentences (one a line), or CSV rows (sentence, positive[, hard negative]; a header row
+    sent0,sent1 or sentence,positive is skipped) for supervised SimCSE: tuples of 1-3 strings,
+    each cut to MAX_SENTENCE_CHARS (said once, not an error)."""
     import csv
-    lines, is_csv = read_lines(path), Path(path).suffix == ".csv"
-    rows = [tuple(r) for r in csv.reader(lines)] if is_csv else [(s,) for s in lines]
+    import io
+    is_csv = Path(path).suffix.lower() == ".csv"
+    text = read_text(path) if is_csv else ""
+    rows = [tuple(c.strip() for c in r) for r in csv.reader(io.StringIO(text, newline=""))
+            if any(c.strip() for c in r)] if is_csv else [(s,) for s in read_lines(path)]
     if is_csv:
         first = [c.lower() for c in rows[0]][:2] if rows else None
         if first in (["sent0", "sent1"], ["sentence", "positive"]):
@@ -1320,10 +1374,16 @@ def main_guard(fn, *args):
     never a traceback. Under torchrun the process group ends after a normal return."""
     try:
         result = fn(*args)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise
+        print(f"error: the disk is full ({e.strerror}: {e.filename or 'a write'}); what was saved "
+              f"before is intact: free some space and run again (or --resume)", file=sys.stderr)
+        sys.exit(2)
     except UserError as e:
         if e.exit_code == 0:  # --resume of a finished run: said once, not an error
             leave_distributed()
-        if e.exit_code or int(os.environ.get("RANK", "0")) == 0:  # before the process group
+        if e.exit_code or os.environ.get("RANK", "0") == "0":  # before the process group
             print(f"error: {e}" if e.exit_code else e, file=sys.stderr)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
@@ -1355,8 +1415,9 @@ def tokenize_corpus(tok, texts, max_len=None, workers=None, min_parallel=20_000)
 class TokenizedRows:
     """Rows of C id lists in one flat int32 array + offsets (1M sentences: ~130 MB, not ~1 GB)."""
 
-    def __init__(self, flat, offsets, cols):
+    def __init__(self, flat, offsets, cols, sha256):
         self.flat, self.offsets, self.cols = flat, offsets, cols  # [T] int32, [N*C + 1] int64
+        self.sha256 = sha256  # of the file they come from
 
     def __len__(self):
         return (len(self.offsets) - 1) // self.cols
@@ -1370,19 +1431,35 @@ def tokenize_file(tok, path, max_len):
     """A training file tokenized once (all cores), cached on disk by its content, the vocabulary and
     max_len, so later runs start at once -> (TokenizedRows, seconds, cache hit?)."""
     start, path = time.time(), Path(path)
-    if not path.is_file():
-        read_lines(path)  # the one-line error for a missing file or a directory
+    if data_problems(path):
+        read_lines(path)  # the one-line error
     vocab = hashlib.sha256("\n".join(tok.vocab).encode() + bytes([tok.lower, tok.strip_accents]))
-    key = f"{sha256_file(path)} {path.suffix} {vocab.hexdigest()} {max_len}"
+    digest = sha256_file(path)
+    key = f"{digest} {path.suffix} {vocab.hexdigest()} {max_len}"
     cached = CACHE / "tokens" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz"
-    if cached.exists():
-        with np.load(cached) as z:
-            return TokenizedRows(z["flat"], z["offsets"], int(z["cols"])), time.time() - start, True
+    try:
+        if cached.exists():
+            with np.load(cached) as z:  # no pickles: allow_pickle is off
+                data = TokenizedRows(z["flat"], z["offsets"], int(z["cols"]), digest)
+            o, ids = data.offsets, data.flat
+            if not (data.cols in (1, 2, 3) and (len(o) - 1) % data.cols == 0 and o[0] == 0 and
+                    o[-1] == len(ids) and (np.diff(o) >= 0).all() and (ids < len(tok.vocab)).all()
+                    and (ids >= 0).all()):
+                raise ValueError("inconsistent arrays")
+            return data, time.time() - start, True
+    except Exception as e:  # a cut or edited cache file: not fatal
+        print(f"note: the token cache {cached} is unreadable ({type(e).__name__}): tokenizing "
+              f"again", file=sys.stderr)
     rows = read_training_data(path)
-    ids = tokenize_corpus(tok, [s for r in rows for s in r], max_len)
+    cols, ids = len(rows[0]), tokenize_corpus(tok, [s for r in rows for s in r], max_len)
+    empty = {i // cols for i, x in enumerate(ids) if len(x) <= 2}  # only [CLS] [SEP] left
+    if empty:
+        print(f"note: {len(empty)} row(s) of {path} hold no token once cleaned (only control or "
+              f"zero-width characters): skipped", file=sys.stderr)
+        ids = [x for i, x in enumerate(ids) if i // cols not in empty]
     lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
     flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(lengths.sum()))
-    data = TokenizedRows(flat, np.concatenate([[0], np.cumsum(lengths)]), len(rows[0]))
+    data = TokenizedRows(flat, np.concatenate([[0], np.cumsum(lengths)]), cols, digest)
     with contextlib.suppress(OSError):  # a read-only cache costs the next run the tokenization
         cached.parent.mkdir(parents=True, exist_ok=True)
         with atomic_write(cached, "wb") as f:
@@ -1406,16 +1483,27 @@ def compile_encoder(run, model):
 # leaves the previous checkpoint whole) and read back with weights_only=True.
 
 def open_out_dir(run):
-    """Create out_dir and write the log so far (before this, a bad input leaves no file). Rank 0."""
+    """Create out_dir, lock it, write the log so far (before this a bad input leaves no file)."""
     lines, run.log_lines = run.log_lines, None
     if run.rank > 0:
         return
     run.out.mkdir(parents=True, exist_ok=True)
+    run.lock = open(run.out / "log.txt", "a", encoding="utf-8")  # held open: out_dir's lock
+    try:  # released when the run ends, or its process does (a crash cannot leave it stuck)
+        import fcntl  # POSIX; elsewhere two runs on one out_dir are not stopped
+        fcntl.flock(run.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except ImportError:
+        pass
+    except BlockingIOError:
+        raise UserError(f"--out_dir {run.out} is in use by another run that is still going: wait "
+                        f"for it, or pick another --out_dir") from None
     if run.cfg.overwrite:
         for name in ("checkpoint.pt", "results.json"):
             (run.out / name).unlink(missing_ok=True)
-    with open(run.out / "log.txt", "a" if run.resumed else "w", encoding="utf-8") as f:
-        f.write("".join(m + "\n" for m in lines))
+    if not run.resumed:
+        run.lock.truncate(0)
+    run.lock.write("".join(m + "\n" for m in lines))
+    run.lock.flush()
 
 
 def read_resumed_run(cfg, method):
@@ -1436,6 +1524,9 @@ def read_resumed_run(cfg, method):
         raise UserError(f"--resume {cfg.resume} holds a {ckpt.get('method')} run, not {method}")
     for f in dataclasses.fields(cfg):  # device, SentEval folder and save_every may change
         given, saved = getattr(cfg, f.name), ckpt["config"].get(f.name, f.default)
+        if type(saved) is not type(f.default) and {type(saved), type(f.default)} != {int, float}:
+            raise CheckpointError(f"{out / 'checkpoint.pt'}: its config has {f.name}={saved!r}, "
+                                  f"not a {type(f.default).__name__}")
         if f.name in ("resume", "overwrite", "out_dir") or (
                 f.name in ("device", "senteval", "save_every") and given != f.default):
             continue
@@ -1469,13 +1560,20 @@ def state_of(obj):
     return list(obj)
 
 
-def restore_state(obj, state, device):
-    """The inverse of state_of, in place."""
+def restore_state(obj, state, device, model):
+    """The inverse of state_of, in place; tensors that do not fit `model` are a ValueError."""
     for put in ("load_state_dict", "set_state", "setstate"):
         if hasattr(obj, put):
-            return getattr(obj, put)(state)
-    obj.clear()
-    obj.extend(t.to(device) for t in state)
+            getattr(obj, put)(state)
+            break
+    else:  # ESimCSE's queue of [H] sentence vectors
+        if not all(t.shape == (model.cfg.hidden_size,) for t in state):
+            raise ValueError("a queue entry is not a vector of the model's width")
+        obj.clear()
+        obj.extend(t.to(device) for t in state)
+    for p, values in getattr(obj, "state", {}).items():  # an optimizer: moments shaped as params
+        if any(torch.is_tensor(v) and v.dim() and v.shape != p.shape for v in values.values()):
+            raise ValueError("optimizer moments that do not fit the parameters")
 
 
 def rng_states():
@@ -1504,12 +1602,17 @@ def save_checkpoint(run, step, saved):
     if run.rank > 0:  # the other ranks hold the same state
         return
     state = {"format": 2, "method": run.method, "step": step, "total": run.total,
-             "rows": run.n_rows, "config": dataclasses.asdict(run.cfg), "rng": rng_states(),
+             "rows": run.n_rows, "data_sha256": run.data_sha256, "rng": rng_states(),
+             "config": dataclasses.asdict(run.cfg),
              "objects": {k: state_of(v) for k, v in saved.items() if v is not None},
              "best": [run.best_dev, run.best_step, run.best_state],
              "histories": [run.dev_history, run.stats_history, run.align_uniform]}
-    with atomic_write(run.out / "checkpoint.pt", "wb") as f:
-        torch.save(state, f)
+    run.saving = True  # a second signal waits for the checkpoint to be whole
+    try:
+        with atomic_write(run.out / "checkpoint.pt", "wb") as f:
+            torch.save(state, f)
+    finally:
+        run.saving = False
     run.log(f"step {step} | checkpoint saved in {run.out / 'checkpoint.pt'}")
 
 
@@ -1517,18 +1620,28 @@ def restore_checkpoint(run, saved):
     """Every object in `saved`, the best state, the histories and the RNGs back as they were after
     the checkpoint's step: the continued run is the uninterrupted one -> that step."""
     ckpt, path = run.resumed, run.out / "checkpoint.pt"
+    if ckpt.get("data_sha256") != run.data_sha256:
+        raise UserError(f"--resume {run.out}: the data file {run.cfg.data} changed since the run "
+                        f"started (its SHA-256 differs); resume with the data it was started on")
     if (ckpt.get("rows"), ckpt.get("total")) != (run.n_rows, run.total):
         raise UserError(f"--resume {run.out}: the data has {run.n_rows} rows / {run.total} steps "
                         f"now but {ckpt.get('rows')} / {ckpt.get('total')} in the checkpoint")
-    try:
+    try:  # every value checked here, before any training: a bad one is one line, not a traceback
         for name, obj in saved.items():
             if obj is not None:
-                restore_state(obj, ckpt["objects"][name], run.device)
+                restore_state(obj, ckpt["objects"][name], run.device, saved["model"])
         run.best_dev, run.best_step, best = ckpt["best"]
+        if not (type(ckpt["step"]) is int and 0 < ckpt["step"] <= run.total and
+                type(run.best_dev) is float and type(run.best_step) is int and
+                0 <= run.best_step <= ckpt["step"] and json.dumps(ckpt["histories"])):
+            raise ValueError("a step, the best score or a history is out of range")
+        shapes = {k: (v.shape, v.dtype) for k, v in saved["model"].state_dict().items()}
+        if best is not None and {k: (v.shape, v.dtype) for k, v in best.items()} != shapes:
+            raise ValueError("the best state does not fit the model")
         run.best_state = best and {k: v.to(run.device) for k, v in best.items()}
         run.dev_history, run.stats_history, run.align_uniform = ckpt["histories"]
         set_rng_states(ckpt["rng"])  # last: nothing after this draws
-    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as e:
         raise CheckpointError(f"{path} does not fit this run ({type(e).__name__}: "
                               f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
     if run.rank > 0:  # the checkpoint holds rank 0's RNG states: the others draw their own masks
@@ -1541,22 +1654,26 @@ def restore_checkpoint(run, saved):
 
 def catch_signals(run):
     """Ctrl-C / SIGTERM set run.signal: the loop saves a checkpoint at the next step boundary and
-    exits 128 + signal (exit_on_signal). A second one stops at once."""
+    exits 128 + signal (exit_on_signal); the final evaluation and save just go on. A second one
+    stops at once, unless a checkpoint is being written: that one completes first."""
     def handler(signum, frame):
-        if run.signal:
+        if run.signal and not run.saving:
             raise KeyboardInterrupt
-        run.signal = signum
-        print(f"\n{signal.Signals(signum).name}: saving a checkpoint after this step (again to "
-              f"stop now)", file=sys.stderr, flush=True)
+        run.signal = run.signal or signum
+        print(f"\n{signal.Signals(signum).name}: stopping after this step with a checkpoint (again "
+              f"to stop now)", file=sys.stderr, flush=True)
+    run.saving = False
     with contextlib.suppress(ValueError):  # handlers can only be set in the main thread
         run.old_handlers = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
 
 
-def release_signals(run):
-    """The handlers as they were before catch_signals."""
+def release_run(run):
+    """The end of a run: signal handlers as they were before catch_signals, out_dir unlocked."""
     for s, h in getattr(run, "old_handlers", {}).items():
         signal.signal(s, h)
     run.old_handlers = {}
+    if getattr(run, "lock", None):
+        run.lock.close()
 
 
 def signal_received(run):
@@ -1570,7 +1687,7 @@ def signal_received(run):
 
 def exit_on_signal(run, step):
     """Say how to continue, then exit 128 + signal (the checkpoint of `step` is saved)."""
-    release_signals(run)
+    release_run(run)
     run.log(f"{signal.Signals(run.signal).name} at step {step}: " + (f"checkpoint saved; continue "
             f"with --resume {run.out}" if step else "stopped before training"))
     sys.exit(128 + run.signal)
@@ -1587,12 +1704,19 @@ def world():
 def init_distributed(device):
     """Join torchrun's process group (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) -> this rank's
     device: NCCL and cuda:LOCAL_RANK on CUDA, gloo on the CPU. Without torchrun: `device`."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+    names = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    if os.environ.get("WORLD_SIZE", "1") == "1" or dist.is_initialized():
         return device
+    problems = [f"{n} is not set" for n in names if not os.environ.get(n)]
+    problems += [f"{n}={os.environ[n]!r} is not a number" for n in names[:3] + names[4:]
+                 if os.environ.get(n) and not os.environ[n].isdigit()]
+    if problems:
+        raise UserError(f"incomplete torchrun environment: {', '.join(problems)}; start the run "
+                        f"with torchrun, or unset WORLD_SIZE")
     if device.type == "mps":
         raise UserError("several processes need --device cuda (NCCL) or cpu (gloo), not mps")
     if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return device
@@ -1960,7 +2084,7 @@ def run_eval(args):
     print(format_table(results) + f"\n({details['sentences_encoded']} sentences encoded in "
                                   f"{details['seconds']:.1f}s)")
     if args.json:
-        write_json(args.json, nan_to_null(results), indent=1)
+        write_json(args.json, results, indent=1)
     return results
 
 
@@ -1987,7 +2111,7 @@ def run_analyze(args):
     plot_singular_values(models, out / "singular_values.svg")
     plot_similarity_by_score(models, out / "similarity_by_score.svg")
     analysis = {"pooler": args.pooler, "models": models, "runs": runs}
-    write_json(out / "analysis.json", nan_to_null(analysis), indent=1)
+    write_json(out / "analysis.json", analysis, indent=1)
     print(f"{'model':<28} | stsb test | align test | uniform test | align dev | uniform dev")
     for m in models:
         t, d = m["test"], m["dev"]
@@ -2047,11 +2171,6 @@ def load_run(path):
     return {"path": str(p), "name": method if folder == method else f"{method} ({folder})",
             "align_uniform": r["align_uniform"],
             "align_uniform_on": r.get("align_uniform_on", "STS-B dev")}
-
-
-def nan_to_null(obj):
-    """NaN and infinities (no positive pair, an empty group) -> None: strict JSON has no NaN."""
-    return json.loads(json.dumps(obj), parse_constant=lambda name: None)
 
 
 if __name__ == "__main__":

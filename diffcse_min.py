@@ -41,7 +41,7 @@ class Config:
     eval_every: int = 125  # STS-B dev every this many steps [official code]
     dropout: float = 0.1  # hidden and attention dropout [SimCSE Table 3]
     out_dir: str = ""  # best model, log.txt and results.json; empty: runs/<method>
-    save_every: int = 500  # steps between checkpoints (out_dir/checkpoint.pt); 0: only on a signal
+    save_every: int = 500  # steps between checkpoints (checkpoint.pt; also the last step, a signal)
     resume: str = ""  # continue the run saved in this out_dir, with its configuration
     overwrite: bool = False  # replace the run an existing out_dir holds (else it is refused)
     compile: bool = False  # torch.compile the encoder (CUDA graphs on CUDA; slow first steps)
@@ -196,7 +196,8 @@ def train(cfg):
     batches, stats = run.batches(data, tok, start), {}
     for step in range(start, total + 1):  # step: optimizer steps done so far
         stop = signal_received(run)  # Ctrl-C or SIGTERM, the same on every process
-        if step > start and (stop or cfg.save_every and step % cfg.save_every == 0):
+        due = step == total or cfg.save_every and step % cfg.save_every == 0  # and the last step:
+        if step > start and (stop or due):  # the final evaluation and save can be resumed
             save_checkpoint(run, step, saved)
         if stop:
             exit_on_signal(run, step)  # exit status 128 + signal; `--resume out_dir` continues

@@ -165,7 +165,7 @@ def test_one_process_needs_no_process_group():
 
 def test_train_two_processes_end_to_end(tiny_run, two_processes):
     """The whole train() under 2 processes: Run joins the process group, shards, wraps and writes on rank 0 alone
-    (a checkpoint at step 2 included); its losses and dev scores are those of one process (dropout 0, float32)."""
+    (checkpoints at step 2 and at the last step included); its losses and dev scores are those of one process (dropout 0, float32)."""
     tmp, config = tiny_run
     simcse_min = importlib.import_module("simcse_min")
     one = simcse_min.train(simcse_min.Config(**config, out_dir=str(tmp / "one")))
@@ -175,5 +175,5 @@ def test_train_two_processes_end_to_end(tiny_run, two_processes):
         assert b["loss"] == pytest.approx(a["loss"], abs=1e-5)
     assert [d for _, d in two["dev_history"]] == pytest.approx([d for _, d in one["dev_history"]], abs=1e-2)
     log = (tmp / "two" / "log.txt").read_text()
-    assert "cpu x 2 processes" in log and log.count("checkpoint saved") == 1 and log.count("STS12") == 1
-    assert (tmp / "two" / "model.safetensors").exists() and not (tmp / "two" / "checkpoint").exists()
+    assert "cpu x 2 processes" in log and log.count("checkpoint saved") == 2 and log.count("STS12") == 1
+    assert (tmp / "two" / "model.safetensors").exists() and not (tmp / "two" / "checkpoint.pt").exists()

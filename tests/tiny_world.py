@@ -12,7 +12,8 @@ WORDS = ("a man woman child dog cat is are the playing eating running guitar bal
 
 def make_vocab():
     letters = "abcdefghijklmnopqrstuvwxyz"
-    return list(common.SPECIAL_TOKENS) + WORDS + list(letters) + ["##" + c for c in letters] + [".", ","]
+    tokens = list(common.SPECIAL_TOKENS) + WORDS + list(letters) + ["##" + c for c in letters] + [".", ","]
+    return list(dict.fromkeys(tokens))  # "a" is a word and a letter: one line, ids without a gap
 
 
 def tokenizer():
