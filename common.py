@@ -565,11 +565,11 @@ class Run:
         return compile_encoder(self, model)  # --compile (Part 2): torch.compile, static shapes
 
     def start(self, saved):
-        """Open out_dir -> 0, or the --resume step with `saved` restored; catch Ctrl-C/SIGTERM."""
+        """Open out_dir, catch Ctrl-C/SIGTERM -> (0, {}), or the --resume step and its stats."""
+        step, stats = restore_checkpoint(self, saved) if self.resumed else (0, {})  # or refused
         open_out_dir(self)
-        step = restore_checkpoint(self, saved) if self.resumed else 0
-        catch_signals(self)  # after the restore: a checkpoint that does not fit leaves none set
-        return step
+        catch_signals(self)
+        return step, stats
 
     def ddp(self, module):
         """DistributedDataParallel around a trained module under torchrun; else the module."""
@@ -721,8 +721,10 @@ def atomic_write(path, mode="w"):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:
+            e.filename = str(path)  # a full disk: say which file
         raise
 
 
@@ -1377,8 +1379,9 @@ def main_guard(fn, *args):
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             raise
-        print(f"error: the disk is full ({e.strerror}: {e.filename or 'a write'}); what was saved "
-              f"before is intact: free some space and run again (or --resume)", file=sys.stderr)
+        print(f"error: no room to write {e.filename or 'a file'} ({e.strerror}): the disk or quota "
+              f"is full; what was saved before is intact: free space, then run again or --resume",
+              file=sys.stderr)
         sys.exit(2)
     except UserError as e:
         if e.exit_code == 0:  # --resume of a finished run: said once, not an error
@@ -1546,9 +1549,11 @@ def load_checkpoint(path):
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, corrupt, or holding anything but tensors and plain data
         raise CheckpointError(f"{path} is not a readable checkpoint ({type(e).__name__})") from None
-    if not (isinstance(ckpt, dict) and ckpt.get("format") == 2
-            and isinstance(ckpt.get("config"), dict)):
+    if not (isinstance(ckpt, dict) and isinstance(ckpt.get("config"), dict)):
         raise CheckpointError(f"{path} is not a checkpoint of this program")
+    if ckpt.get("format") != 3:  # 3: + the data's SHA-256 and the step's stats
+        raise CheckpointError(f"{path} was written by an older simcse-min (format "
+                              f"{ckpt.get('format')!r}); start the run again")
     return ckpt
 
 
@@ -1597,18 +1602,19 @@ def set_rng_states(states):
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def save_checkpoint(run, step, saved):
+def save_checkpoint(run, step, saved, stats):
     """out_dir/checkpoint.pt: all it takes to continue after `step` as if never stopped (rank 0)."""
     if run.rank > 0:  # the other ranks hold the same state
         return
-    state = {"format": 2, "method": run.method, "step": step, "total": run.total,
-             "rows": run.n_rows, "data_sha256": run.data_sha256, "rng": rng_states(),
-             "config": dataclasses.asdict(run.cfg),
-             "objects": {k: state_of(v) for k, v in saved.items() if v is not None},
-             "best": [run.best_dev, run.best_step, run.best_state],
-             "histories": [run.dev_history, run.stats_history, run.align_uniform]}
     run.saving = True  # a second signal waits for the checkpoint to be whole
     try:
+        state = {"format": 3, "method": run.method, "step": step, "total": run.total,
+                 "rows": run.n_rows, "data_sha256": run.data_sha256, "rng": rng_states(),
+                 "config": dataclasses.asdict(run.cfg),
+                 "stats": {k: float(v) for k, v in stats.items()},
+                 "objects": {k: state_of(v) for k, v in saved.items() if v is not None},
+                 "best": [run.best_dev, run.best_step, run.best_state],
+                 "histories": [run.dev_history, run.stats_history, run.align_uniform]}
         with atomic_write(run.out / "checkpoint.pt", "wb") as f:
             torch.save(state, f)
     finally:
@@ -1618,7 +1624,7 @@ def save_checkpoint(run, step, saved):
 
 def restore_checkpoint(run, saved):
     """Every object in `saved`, the best state, the histories and the RNGs back as they were after
-    the checkpoint's step: the continued run is the uninterrupted one -> that step."""
+    the checkpoint's step: the continued run is the uninterrupted one -> (that step, its stats)."""
     ckpt, path = run.resumed, run.out / "checkpoint.pt"
     if ckpt.get("data_sha256") != run.data_sha256:
         raise UserError(f"--resume {run.out}: the data file {run.cfg.data} changed since the run "
@@ -1633,7 +1639,8 @@ def restore_checkpoint(run, saved):
         run.best_dev, run.best_step, best = ckpt["best"]
         if not (type(ckpt["step"]) is int and 0 < ckpt["step"] <= run.total and
                 type(run.best_dev) is float and type(run.best_step) is int and
-                0 <= run.best_step <= ckpt["step"] and json.dumps(ckpt["histories"])):
+                0 <= run.best_step <= ckpt["step"] and json.dumps(ckpt["histories"]) and
+                all(type(v) is float for v in ckpt["stats"].values())):
             raise ValueError("a step, the best score or a history is out of range")
         shapes = {k: (v.shape, v.dtype) for k, v in saved["model"].state_dict().items()}
         if best is not None and {k: (v.shape, v.dtype) for k, v in best.items()} != shapes:
@@ -1649,7 +1656,7 @@ def restore_checkpoint(run, saved):
     run.first_step = ckpt["step"]
     run.log(f"resumed from {path} at step {ckpt['step']}/{run.total} (best {run.best_dev:.2f} @ "
             f"{run.best_step})")
-    return ckpt["step"]
+    return ckpt["step"], ckpt.get("stats", {})  # the stats of that step: its evaluation logs them
 
 
 def catch_signals(run):
@@ -1658,6 +1665,7 @@ def catch_signals(run):
     stops at once, unless a checkpoint is being written: that one completes first."""
     def handler(signum, frame):
         if run.signal and not run.saving:
+            release_run(run)  # a third one acts as if no run were here
             raise KeyboardInterrupt
         run.signal = run.signal or signum
         print(f"\n{signal.Signals(signum).name}: stopping after this step with a checkpoint (again "

@@ -188,17 +188,17 @@ def train(cfg):
     saved = dict(model=model, head=head, opt=opt, sched=sched)  # what a checkpoint holds
     saved.update(disc=disc, gen=gen)  # DiffCSE
     run.compile(model)
-    start = run.start(saved)  # 0, or the --resume checkpoint's step, all as it was then
+    start, stats = run.start(saved)  # 0, or the --resume checkpoint's step, all as it was then
     model, head = run.ddp(model), run.ddp(head)
     model.train(), head.train()
     disc = run.ddp(disc).train()  # DiffCSE
     generator.train()  # DiffCSE subtle: frozen, yet its dropout stays on [official code]
-    batches, stats = run.batches(data, tok, start), {}
+    batches = run.batches(data, tok, start)
     for step in range(start, total + 1):  # step: optimizer steps done so far
         stop = signal_received(run)  # Ctrl-C or SIGTERM, the same on every process
         due = step == total or cfg.save_every and step % cfg.save_every == 0  # and the last step:
         if step > start and (stop or due):  # the final evaluation and save can be resumed
-            save_checkpoint(run, step, saved)
+            save_checkpoint(run, step, saved, stats)
         if stop:
             exit_on_signal(run, step)  # exit status 128 + signal; `--resume out_dir` continues
         if step % cfg.eval_every == 0 or step == total:  # STS-B dev: step 0, every eval_every, last

@@ -2,10 +2,12 @@
 
     python tests/bad_inputs.py            # builds a tiny world in a temporary folder; about a minute on a CPU
 
-tests/test_inputs.py runs the same cases in-process. Each case: a label, the script, its flags, the exit code it must
-give, and whether the run must leave no out_dir behind (every refusal before training does)."""
+tests/test_inputs.py runs the same cases in-process. Each case: a label, the script ("common": common.py's command
+line), its flags, the exit code it must give, whether the run must leave no out_dir behind (every refusal before
+training does), and optionally {"env": variables to set, "fsize": a file-size limit in bytes (a full disk)}."""
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -35,11 +37,11 @@ def set_config(**kw):
     return edit
 
 
-def unfinished_run(tmp, world):
+def unfinished_run(tmp, world, name="unfinished"):
     """A run stopped by SIGTERM at step 2 (checkpoint written), made in-process."""
     import signal
     import simcse_min
-    out = Path(tmp) / "unfinished"
+    out = Path(tmp) / name
     real = simcse_min.optimizer_step
     calls = []
 
@@ -59,7 +61,7 @@ def unfinished_run(tmp, world):
 
 
 def cases(tmp):
-    """[(label, script, flags, exit code, leaves no out_dir)]; every file they need is made under tmp."""
+    """[(label, script, flags, exit code, leaves no out_dir[, options])]; every file they need is made under tmp."""
     tmp = Path(tmp)
     (tmp / "world").mkdir()
     world = make_world(tmp / "world")
@@ -73,6 +75,12 @@ def cases(tmp):
     (tmp / "long.txt").write_text(Path(world["data"]).read_text() + "word " * 5000 + ".\n")
     (tmp / "adir").mkdir()
     (tmp / "a_file").write_text("x")
+    os.mkfifo(tmp / "fifo")
+    (tmp / "loop").symlink_to(tmp / "loop")
+    lines = Path(world["data"]).read_text()
+    (tmp / "NLI.CSV").write_bytes("\ufeffsent0,sent1\n".encode() + "".join(
+        f'"a man, {i}","a ""woman""\n{i}"\n' for i in range(16)).encode())
+    (tmp / "zero_width.txt").write_text(lines + "\u200b\u200b\n\x07\n")
     done = tmp / "done"
     senteval_cut = make_senteval(tmp / "senteval_cut")
     (senteval_cut / "STS/STS12-en-test/STS.gs.MSRpar.txt").unlink()
@@ -93,6 +101,14 @@ def cases(tmp):
             (d / "model.safetensors").read_bytes()[:5000])),
         "garbage": copy_model(model, tmp / "m_garbage", lambda d: (d / "model.safetensors").write_bytes(
             (200).to_bytes(8, "little") + b"\xff" * 300)),
+        "roberta": copy_model(model, tmp / "m_roberta", set_config(model_type="roberta")),
+        "string": copy_model(model, tmp / "m_string", set_config(hidden_size="32")),
+        "eps": copy_model(model, tmp / "m_eps", set_config(layer_norm_eps="1e-12")),
+        "lower": copy_model(model, tmp / "m_lower", lambda d: (d / "tokenizer_config.json").write_text(
+            json.dumps({"do_lower_case": "false"}))),
+        "trainer_bin": copy_model(model, tmp / "m_trainer", training_checkpoint),
+        "small_generator": copy_model(Path(world["generator"]), tmp / "g_small", lambda d: (d / "vocab.txt").write_text(
+            (d / "vocab.txt").read_text() + "".join(f"extra{i}\n" for i in range(50)))),
     }
     out = str(tmp / "out")
     base = ["--model", world["model"], "--senteval", world["senteval"], "--device", "cpu", "--batch_size", "8",
@@ -130,6 +146,39 @@ def cases(tmp):
         ("--max_len beyond the model's positions", "simcse", base + data + ["--max_len", "100"], 2, True),
         ("--device cuda without a GPU", "simcse", base + data + ["--device", "cuda"], 2, True),
         ("--lr abc (not a number)", "simcse", base + data + ["--lr", "abc"], 2, True),
+        ("data is a FIFO (would never end)", "simcse", base + ["--data", str(tmp / "fifo")], 2, True),
+        ("data is a character device (/dev/zero)", "simcse", base + ["--data", "/dev/zero"], 2, True),
+        ("data is a symlink loop", "simcse", base + ["--data", str(tmp / "loop")], 2, True),
+        ("data: .CSV with a BOM, a header, quoted commas and newlines (not an error)", "simcse",
+         base[:-1] + [str(tmp / "out_csv"), "--data", str(tmp / "NLI.CSV")], 0, False),
+        ("data: lines of zero-width or control characters only (skipped, not an error)", "simcse",
+         base[:-1] + [str(tmp / "out_zw"), "--data", str(tmp / "zero_width.txt")], 0, False),
+        ("--senteval is a file", "simcse", base + data + ["--senteval", str(tmp / "a_file")], 2, True),
+        ("--senteval is a symlink loop", "simcse", base + data + ["--senteval", str(tmp / "loop")], 2, True),
+        ("model: config.json model_type roberta", "simcse", base + data + ["--model", models["roberta"]], 2, True),
+        ("model: config.json hidden_size \"32\" (a string)", "simcse", base + data + ["--model", models["string"]],
+         2, True),
+        ("model: config.json layer_norm_eps a string", "simcse", base + data + ["--model", models["eps"]], 2, True),
+        ("model: tokenizer_config.json do_lower_case \"false\" (a string)", "simcse",
+         base + data + ["--model", models["lower"]], 2, True),
+        ("model: pytorch_model.bin is a training checkpoint", "simcse",
+         base + data + ["--model", models["trainer_bin"]], 2, True),
+        ("diffcse: --generator vocab.txt larger than its embedding rows", "diffcse",
+         base + data + ["--generator", models["small_generator"]], 2, True),
+        ("--out_dir inside a file", "simcse", base[:-1] + [str(tmp / "a_file" / "out")] + data, 2, False),
+        ("torchrun environment incomplete (WORLD_SIZE alone)", "simcse", base + data, 2, True,
+         {"env": {"WORLD_SIZE": "2"}}),
+        ("eval: --batch_size -1", "common", ["eval", "--model", world["model"], "--senteval", world["senteval"],
+                                              "--device", "cpu", "--batch_size", "-1"], 2, True),
+        ("eval: --json inside a file", "common", ["eval", "--model", world["model"], "--senteval",
+                                                  world["senteval"], "--device", "cpu", "--json",
+                                                  str(tmp / "a_file" / "x.json")], 2, True),
+        ("analyze: --out inside a file", "common", ["analyze", "--model", world["model"], "--senteval",
+                                                    world["senteval"], "--device", "cpu", "--out",
+                                                    str(tmp / "a_file" / "x")], 2, True),
+        ("analyze: --batch_size 0", "common", ["analyze", "--model", world["model"], "--senteval", world["senteval"],
+                                               "--device", "cpu", "--batch_size", "0", "--out", str(tmp / "an")],
+         2, True),
     ]
     for flag, value in [("batch_size", "1"), ("lr", "0"), ("lr", "nan"), ("temp", "0"), ("dropout", "1"),
                         ("max_len", "2"), ("epochs", "0"), ("eval_every", "0"), ("save_every", "-1"),
@@ -156,31 +205,78 @@ def cases(tmp):
          True),
         ("non-finite loss (--temp 1e-300)", "simcse", base[:-1] + [str(tmp / "out_nan")] + data +
          ["--temp", "1e-300"], 3, False),
+        ("--resume after the data file changed (same rows, new content)", "simcse", ["--resume", "EDITED_DATA"], 2,
+         False),
+        ("--resume of a checkpoint whose config holds lr \"abc\"", "simcse", ["--resume", "BAD_TYPE"], 2, False),
+        ("--resume of a checkpoint whose step is 10**9", "simcse", ["--resume", "BAD_STEP"], 2, False),
+        ("--resume of a checkpoint whose best state has a wrong shape", "simcse", ["--resume", "BAD_SHAPE"], 2,
+         False),
+        ("a full disk (the checkpoint of the last step cannot be written)", "simcse", ["--resume", "FULL_DISK"], 2,
+         False, {"fsize": 64_000}),
     ]
     return c, dict(world=world, done=done, tmp=tmp)
 
 
+def training_checkpoint(folder):
+    """pytorch_model.bin as a trainer saves it: a nested dict (weights, optimizer state, step)."""
+    import torch
+    tensors = common.read_safetensors(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    torch.save({"model": tensors, "optimizer": {"lr": 1e-3}, "step": 7}, folder / "pytorch_model.bin")
+
+
+def tampered(src, dst, edit):
+    """A copy of an unfinished run whose checkpoint.pt was edited (as values, re-saved)."""
+    import shutil
+    import torch
+    shutil.copytree(src, dst)
+    ckpt = torch.load(dst / "checkpoint.pt", weights_only=True)
+    edit(ckpt)
+    torch.save(ckpt, dst / "checkpoint.pt")
+    return str(dst)
+
+
 def prepare(tmp, context):
-    """The runs some cases need: a finished one, an unfinished one (checkpoint at step 2), a corrupt checkpoint."""
+    """The runs some cases need: a finished one, an unfinished one (checkpoint at step 2), a corrupt checkpoint,
+    checkpoints edited by hand, one whose data file changed since."""
+    import shutil
     import simcse_min
+    tmp = Path(tmp)
     world = {k: v for k, v in context["world"].items() if k != "generator"}
+    edited = tmp / "edited.txt"
+    shutil.copy(world["data"], edited)
     with open(os.devnull, "w") as null, __import__("contextlib").redirect_stdout(null):
         simcse_min.train(simcse_min.Config(**world, device="cpu", batch_size=8, max_steps=2,
                                            out_dir=str(context["done"])))
         unfinished = unfinished_run(tmp, world)
-    corrupt = Path(tmp) / "corrupt"
+        edited_run = unfinished_run(tmp, {**world, "data": str(edited)}, "edited_run")
+        full_disk = unfinished_run(tmp, world, "full_disk")
+    edited.write_text(edited.read_text().replace("man", "cat", 1))  # same rows, another hash
+    corrupt = tmp / "corrupt"
     corrupt.mkdir(parents=True)
     (corrupt / "checkpoint.pt").write_bytes(b"PK\x03\x04 not a whole checkpoint")
-    return {"UNFINISHED": str(unfinished), "CORRUPT": str(corrupt)}
+    best = "embeddings.word_embeddings.weight"
+    return {"UNFINISHED": str(unfinished), "CORRUPT": str(corrupt), "EDITED_DATA": str(edited_run),
+            "FULL_DISK": str(full_disk),
+            "BAD_TYPE": tampered(unfinished, tmp / "bad_type", lambda c: c["config"].update(lr="abc")),
+            "BAD_STEP": tampered(unfinished, tmp / "bad_step", lambda c: c.update(step=10**9)),
+            "BAD_SHAPE": tampered(unfinished, tmp / "bad_shape", lambda c: c["best"][2].update(
+                {best: c["best"][2][best][:, :3]}))}
 
 
 def substitute(args, names):
     return [names.get(a, a) for a in args]
 
 
-def run_cli(script, args):
-    proc = subprocess.run([sys.executable, f"{script}_min.py", *args], capture_output=True, text=True,
-                          cwd=TESTS.parent, timeout=300)
+def run_cli(script, args, options=None):
+    """The command line, in a process: -> (exit status, stderr). options: env, fsize (see the module doc)."""
+    options = options or {}
+    limit = options.get("fsize")
+    proc = subprocess.run([sys.executable, "common.py" if script == "common" else f"{script}_min.py", *args],
+                          capture_output=True, text=True, cwd=TESTS.parent, timeout=300,
+                          env={**os.environ, **options.get("env", {})},
+                          preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))) if limit
+                          else None)
     return proc.returncode, proc.stderr
 
 
@@ -196,8 +292,8 @@ def main():
         names = prepare(tmp, context)
         print("| input | exit code | message |\n|---|---|---|")
         failures = 0
-        for label, script, args, code, _ in table:
-            got, stderr = run_cli(script, substitute(args, names))
+        for label, script, args, code, _, *options in table:
+            got, stderr = run_cli(script, substitute(args, names), *options)
             shown = message(stderr).replace(str(tmp), "$TMP").replace("|", "\\|").replace("`", "'")
             flag = "" if got == code and "Traceback" not in stderr else " **(unexpected)**"
             failures += bool(flag)

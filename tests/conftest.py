@@ -3,15 +3,18 @@
 A test that needs them is skipped with a reason when they are not set, except in CI (SIMCSE_REQUIRE_DATA=1),
 where a missing path is an error, so nothing is silently skipped there.
 """
+import contextlib
 import os
 import sys
 from pathlib import Path
 
 import pytest
 
+import shutil
 import tempfile
 
 os.environ["SIMCSE_CACHE"] = tempfile.mkdtemp(prefix="simcse-test-cache-")  # never the user's cache
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.environ["SIMCSE_CACHE"], "inductor"))
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -46,3 +49,16 @@ def wiki_path():
 def minilm(model_dir):
     import common
     return common.Tokenizer.from_pretrained(model_dir), common.Bert.from_pretrained(model_dir).eval()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_temporary_folders_left(tmp_path_factory):
+    """The suite leaves nothing in the temporary folder: its cache and pytest's own folders go at the end."""
+    yield
+    shutil.rmtree(os.environ["SIMCSE_CACHE"], ignore_errors=True)
+    base = tmp_path_factory.getbasetemp()
+    shutil.rmtree(base, ignore_errors=True)
+    for link in base.parent.glob("pytest-*current"):
+        link.unlink()
+    with contextlib.suppress(OSError):
+        base.parent.rmdir()  # pytest-of-<user>, once empty

@@ -2,11 +2,12 @@
 a traceback, and a refusal before training leaves no out_dir behind. Run in-process through main_guard, the same
 path as the command line (tests/bad_inputs.py runs them through real processes and prints the table)."""
 import importlib
+from pathlib import Path
 
 import pytest
 
 import common
-from bad_inputs import cases, prepare, substitute
+from bad_inputs import cases, prepare, run_cli, substitute
 
 
 @pytest.fixture(scope="module")
@@ -17,19 +18,32 @@ def table(tmp_path_factory):
 
 
 def run(script, args):
-    module = importlib.import_module(f"{script}_min")
     try:
-        common.main_guard(module.train, common.parse_args(module.Config, args))
+        if script == "common":
+            common.main_guard(common.cli, args)
+        else:
+            module = importlib.import_module(f"{script}_min")
+            common.main_guard(module.train, common.parse_args(module.Config, args))
     except SystemExit as e:
         return e.code
     return 0
 
 
-def test_every_bad_input_gives_one_line_and_its_exit_code(table, capsys):
+def saved_files(names):
+    """Bytes of every checkpoint, model and results file of the prepared runs (their logs may grow)."""
+    return {p: p.read_bytes() for folder in names.values() for p in Path(folder).iterdir() if p.name != "log.txt"}
+
+
+def test_every_bad_input_gives_one_line_and_its_exit_code(table, capsys, monkeypatch):
     rows, names, tmp = table
-    wrong = []
-    for label, script, args, code, no_out_dir in rows:
+    wrong, before = [], saved_files(names)
+    for label, script, args, code, no_out_dir, *options in rows:
+        if options and "fsize" in options[0]:
+            continue  # a file-size limit needs its own process: test_a_full_disk_is_one_line
+        for k, v in (options[0].get("env", {}) if options else {}).items():
+            monkeypatch.setenv(k, v)
         got = run(script, substitute(args, names))
+        monkeypatch.undo()
         err = capsys.readouterr().err
         errors = [line for line in err.splitlines() if "error:" in line]
         if got != code or "Traceback" in err or (code and len(errors) != 1):
@@ -37,6 +51,18 @@ def test_every_bad_input_gives_one_line_and_its_exit_code(table, capsys):
         if no_out_dir and (tmp / "out").exists():
             wrong.append(f"{label}: left {tmp / 'out'} behind")
     assert not wrong, "\n".join(wrong)
+    assert saved_files(names) == before  # every refused --resume left its run as it was
+
+
+def test_a_full_disk_is_one_line_and_the_last_checkpoint_stays(table):
+    rows, names, _ = table
+    (label, script, args, code, _, options), = [r for r in rows if len(r) > 5 and "fsize" in r[5]]
+    folder = Path(names["FULL_DISK"])
+    before = (folder / "checkpoint.pt").read_bytes()
+    got, stderr = run_cli(script, substitute(args, names), options)
+    assert got == code and "Traceback" not in stderr, stderr[-500:]
+    assert stderr.strip().splitlines()[-1].startswith("error: no room to write"), stderr[-300:]
+    assert (folder / "checkpoint.pt").read_bytes() == before and not list(folder.glob(".*.tmp"))
 
 
 def test_long_lines_are_cut_and_said_once(tmp_path, capsys):

@@ -142,3 +142,116 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_the_best_model(world, t
     results = json.loads((out / "results.json").read_text())
     assert results["stopped"].startswith("the loss became nan at step 6") and results["best_step"] in (0, 5)
     assert common.Bert.from_pretrained(out) is not None
+
+
+@pytest.fixture
+def own_handlers():
+    """The test process's signal handlers back as they were (a run stopped by an exception keeps its own)."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for s, h in before.items():
+        signal.signal(s, h)
+
+
+def finish_or_resume(out, world):
+    """A finished run as it is; a checkpoint resumed to the end; a run stopped before any step started afresh."""
+    module = importlib.import_module("simcse_min")
+    if (out / "results.json").exists():
+        return "finished"
+    if (out / "checkpoint.pt").exists():
+        module.train(module.Config(resume=str(out)))
+        return "resumed"
+    log = (out / "log.txt").read_text() if (out / "log.txt").exists() else ""
+    assert "checkpoint saved" not in log and "| loss " not in log, log  # no training step was done
+    module.train(config("simcse", world, out))
+    return "restarted"
+
+
+def test_sigterm_at_random_moments_finishes_or_resumes_identically(world, tmp_path, uninterrupted):
+    """SIGTERM at random moments of whole runs through the command line (start-up, steps, evaluations, checkpoints,
+    the final evaluation and save): every outcome is a finished run or one that --resume finishes identically."""
+    seed = random.randrange(10**6)
+    rng, outcomes = random.Random(seed), []
+    args = [f"--{k}={v}" for k, v in flags("simcse", world, tmp_path / "timed").items()]
+    start = time.time()
+    subprocess.run([sys.executable, "simcse_min.py", *args], cwd=common.Path(common.__file__).parent, check=True,
+                   capture_output=True)
+    seconds = time.time() - start
+    for trial in range(6):
+        out = tmp_path / f"out{trial}"
+        args = [f"--{k}={v}" for k, v in flags("simcse", world, out).items()]
+        proc = subprocess.Popen([sys.executable, "simcse_min.py", *args], cwd=common.Path(common.__file__).parent,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(seconds * (trial + rng.random()) / 6)  # one moment in each sixth of a run
+        proc.send_signal(signal.SIGTERM)
+        code, err = proc.wait(), proc.stderr.read().decode()
+        assert code in (0, 128 + signal.SIGTERM, -signal.SIGTERM) and "Traceback" not in err, f"seed {seed}: {err}"
+        outcomes.append(finish_or_resume(out, world))
+        assert_same_run(uninterrupted("simcse"), out)
+    print(f"seed {seed}: {outcomes}")
+
+
+def signals_inside(monkeypatch, name, count, when=lambda: True):
+    """common.<name> raises `count` SIGTERMs when it is called (and `when()`), then runs."""
+    real = getattr(common, name)
+
+    def wrapper(*args, **kw):
+        if when():
+            for _ in range(count):
+                signal.raise_signal(signal.SIGTERM)
+        return real(*args, **kw)
+    monkeypatch.setattr(common, name, wrapper)
+
+
+@pytest.mark.parametrize("name, count", [("evaluate_sts", 1), ("evaluate_sts", 2), ("write_safetensors", 2)])
+def test_signals_in_the_final_evaluation_and_save_lose_nothing(name, count, world, tmp_path, uninterrupted,
+                                                                 monkeypatch, own_handlers):
+    """One signal during the final test evaluation: the run finishes. A second one stops it at once (there, or
+    while the model is written): the checkpoint of the last step is there, and --resume finishes identically."""
+    out, module = tmp_path / "out", importlib.import_module("simcse_min")
+    signals_inside(monkeypatch, name, count)
+    try:
+        module.train(config("simcse", world, out))
+        assert count == 1
+    except KeyboardInterrupt:
+        assert count == 2 and checkpoint_step(out) == 16 and not (out / "results.json").exists()
+    monkeypatch.undo()
+    import gc
+    gc.collect()  # the stopped run's frames (and its out_dir lock) go
+    finish_or_resume(out, world)
+    assert_same_run(uninterrupted("simcse"), out)
+
+
+def test_a_second_signal_waits_for_the_checkpoint_being_written(world, tmp_path, uninterrupted, monkeypatch,
+                                                                 own_handlers):
+    out, module = tmp_path / "out", importlib.import_module("simcse_min")
+    real_step, calls = module.optimizer_step, []
+
+    def step_then_signal(*args):
+        real_step(*args)
+        calls.append(1)
+        if len(calls) == 5:
+            signal.raise_signal(signal.SIGTERM)  # the first: a checkpoint at the end of step 5
+    monkeypatch.setattr(module, "optimizer_step", step_then_signal)
+    signals_inside(monkeypatch, "rng_states", 1, when=lambda: len(calls) == 5)  # the second, while it is saved
+    with pytest.raises(SystemExit) as stop:
+        module.train(config("simcse", world, out))
+    assert stop.value.code == 128 + signal.SIGTERM and checkpoint_step(out) == 5
+    monkeypatch.undo()
+    module.train(config("simcse", world, out, resume=str(out)))
+    assert_same_run(uninterrupted("simcse"), out)
+
+
+def test_a_second_run_on_a_live_out_dir_is_refused(world, tmp_path):
+    """The first run holds out_dir (a lock on its log.txt that dies with its process): the second is refused."""
+    import fcntl
+    out = tmp_path / "out"
+    out.mkdir()
+    with open(out / "log.txt", "a") as held:  # what a live run holds
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        args = [f"--{k}={v}" for k, v in flags("simcse", world, out).items()]
+        proc = subprocess.run([sys.executable, "simcse_min.py", *args], cwd=common.Path(common.__file__).parent,
+                              capture_output=True, text=True)
+        assert proc.returncode == 2 and proc.stderr.strip().endswith("pick another --out_dir"), proc.stderr
+    assert not (out / "checkpoint.pt").exists() and not (out / "results.json").exists()
+    importlib.import_module("simcse_min").train(config("simcse", world, out, max_steps=2))  # released: it runs

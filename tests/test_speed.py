@@ -144,7 +144,7 @@ def test_compile_flag_compiles_in_place_and_keeps_checkpoint_names(tmp_path):
 def test_every_method_compiles_right_before_the_run_starts(module):
     assert module.Config().compile is False
     source = open(module.__file__).read()
-    assert re.search(r"\n    run\.compile\(model\)\n    start = run\.start\(saved\)", source)
+    assert re.search(r"\n    run\.compile\(model\)\n    start, stats = run\.start\(saved\)", source)
 
 
 def test_gpu_peaks_by_name():
