@@ -1662,14 +1662,18 @@ def restore_checkpoint(run, saved):
 def catch_signals(run):
     """Ctrl-C / SIGTERM set run.signal: the loop saves a checkpoint at the next step boundary and
     exits 128 + signal (exit_on_signal); the final evaluation and save just go on. A second one
-    stops at once, unless a checkpoint is being written: that one completes first."""
+    stops at once if a checkpoint is there and none is being written (else a third one does)."""
     def handler(signum, frame):
-        if run.signal and not run.saving:
-            release_run(run)  # a third one acts as if no run were here
+        run.signals += 1
+        has_checkpoint = (run.out / "checkpoint.pt").exists() and not run.saving
+        if run.signals > 2 or run.signals == 2 and has_checkpoint:
+            release_run(run)  # a further one acts as if no run were here
             raise KeyboardInterrupt
         run.signal = run.signal or signum
-        print(f"\n{signal.Signals(signum).name}: stopping after this step with a checkpoint (again "
-              f"to stop now)", file=sys.stderr, flush=True)
+        later = "" if run.signals == 1 else "; no checkpoint yet: one comes first (again to stop now)"
+        print(f"\n{signal.Signals(signum).name}: stopping after this step with a checkpoint"
+              + (later or " (again to stop now)"), file=sys.stderr, flush=True)
+    run.signals = 0
     run.saving = False
     with contextlib.suppress(ValueError):  # handlers can only be set in the main thread
         run.old_handlers = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}

@@ -255,3 +255,25 @@ def test_a_second_run_on_a_live_out_dir_is_refused(world, tmp_path):
         assert proc.returncode == 2 and proc.stderr.strip().endswith("pick another --out_dir"), proc.stderr
     assert not (out / "checkpoint.pt").exists() and not (out / "results.json").exists()
     importlib.import_module("simcse_min").train(config("simcse", world, out, max_steps=2))  # released: it runs
+
+
+def test_a_second_signal_before_any_checkpoint_waits_for_one(world, tmp_path, uninterrupted, monkeypatch,
+                                                             own_handlers):
+    """Two quick signals in step 2, nothing saved yet (the first checkpoint would come at step 3): the run still
+    stops at the end of the step with a checkpoint, so nothing it did is lost."""
+    out, module = tmp_path / "out", importlib.import_module("simcse_min")
+    real_step, calls = module.optimizer_step, []
+
+    def step_then_two_signals(*args):
+        real_step(*args)
+        calls.append(1)
+        if len(calls) == 2:
+            signal.raise_signal(signal.SIGTERM)
+            signal.raise_signal(signal.SIGINT)
+    monkeypatch.setattr(module, "optimizer_step", step_then_two_signals)
+    with pytest.raises(SystemExit) as stop:
+        module.train(config("simcse", world, out))
+    assert stop.value.code == 128 + signal.SIGTERM and checkpoint_step(out) == 2
+    monkeypatch.undo()
+    module.train(config("simcse", world, out, resume=str(out)))
+    assert_same_run(uninterrupted("simcse"), out)
