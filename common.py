@@ -1670,7 +1670,7 @@ def catch_signals(run):
             release_run(run)  # a further one acts as if no run were here
             raise KeyboardInterrupt
         run.signal = run.signal or signum
-        later = "" if run.signals == 1 else "; no checkpoint yet: one comes first (again to stop now)"
+        later = "" if run.signals == 1 else "; no checkpoint yet: one first (again to stop now)"
         print(f"\n{signal.Signals(signum).name}: stopping after this step with a checkpoint"
               + (later or " (again to stop now)"), file=sys.stderr, flush=True)
     run.signals = 0
