@@ -533,7 +533,7 @@ class Run:
         with rank0_first():  # a download happens once
             tok = Tokenizer.from_pretrained(self.cfg.model)
             model = Bert.from_pretrained(self.cfg.model, mlm_head, self.cfg.dropout, self.rank > 0)
-        check_model(self.cfg.model, tok, model, self.cfg.max_len)  # Part 2: parts that disagree
+        check_positions(model, self.cfg.max_len)  # Part 2: --max_len against the model
         self.tok = tok
         return tok, model.to(self.device)
 
@@ -600,7 +600,7 @@ class Run:
         dev = self.dev.score(unwrap(model))
         align, uniform = self.dev.align_uniform
         self.dev_history.append([step, round(dev, 4)])
-        self.align_uniform.append([step, finite_or_none(align), finite_or_none(uniform)])
+        self.align_uniform.append([step, round(align, 6), round(uniform, 6)])  # NaN: JSON null
         self.stats_history.append([step, {k: float(v) for k, v in stats.items()}])
         best, at = (dev, step) if dev > self.best_dev else (self.best_dev, self.best_step)
         seconds, steps = time.time() - self.started, step - self.first_step
@@ -697,10 +697,6 @@ def set_seed(seed):
 
 def format_stats(stats):  # "loss 0.1234 | rtd 0.5678"; step 0, before any training: "loss -"
     return " | ".join(f"{k} {float(v):.4f}" for k, v in stats.items()) or "loss -"
-
-
-def finite_or_none(x, digits=6):
-    return round(x, digits) if math.isfinite(x) else None  # JSON has no NaN
 
 
 # --- Files: atomic writes, JSON, safetensors ----------------------------------------------------
@@ -1314,7 +1310,7 @@ def out_dir_problems(out, overwrite):
     return [] if ok else [f"--out_dir {out}: {parent} is not a writable folder"]
 
 
-def check_model(folder, tok, model, max_len):
+def check_positions(model, max_len):
     """A model with fewer positions than --max_len (vocab.txt vs rows: in read_model_folder)."""
     if max_len > model.cfg.max_position_embeddings:
         raise UserError(f"--max_len {max_len} exceeds the model's "
@@ -1353,11 +1349,11 @@ def read_training_data(path):
     each cut to MAX_SENTENCE_CHARS (said once, not an error)."""
     import csv
     import io
-    is_csv = Path(path).suffix.lower() == ".csv"
-    text = read_text(path) if is_csv else ""
-    rows = [tuple(c.strip() for c in r) for r in csv.reader(io.StringIO(text, newline=""))
-            if any(c.strip() for c in r)] if is_csv else [(s,) for s in read_lines(path)]
-    if is_csv:
+    if Path(path).suffix.lower() != ".csv":
+        rows = [(s,) for s in read_lines(path)]
+    else:  # parsed as CSV: quoted commas, quotes and newlines; blank rows skipped
+        text = io.StringIO(read_text(path), newline="")
+        rows = [tuple(c.strip() for c in r) for r in csv.reader(text) if any(c.strip() for c in r)]
         first = [c.lower() for c in rows[0]][:2] if rows else None
         if first in (["sent0", "sent1"], ["sentence", "positive"]):
             rows = rows[1:]  # a header line [official nli_for_simcse.csv: sent0,sent1,hard_neg]
@@ -1435,7 +1431,7 @@ def tokenize_file(tok, path, max_len):
     max_len, so later runs start at once -> (TokenizedRows, seconds, cache hit?)."""
     start, path = time.time(), Path(path)
     if data_problems(path):
-        read_lines(path)  # the one-line error
+        raise UserError(data_problems(path)[0])
     vocab = hashlib.sha256("\n".join(tok.vocab).encode() + bytes([tok.lower, tok.strip_accents]))
     digest = sha256_file(path)
     key = f"{digest} {path.suffix} {vocab.hexdigest()} {max_len}"

@@ -17,7 +17,7 @@ TESTS = Path(__file__).resolve().parent
 sys.path[:0] = [str(TESTS.parent), str(TESTS)]
 
 import common  # noqa: E402
-from tiny_world import make_model, make_senteval, make_world  # noqa: E402
+from tiny_world import make_senteval, make_world  # noqa: E402
 
 
 def copy_model(src, dst, edit=None):
@@ -211,6 +211,8 @@ def cases(tmp):
         ("--resume of a checkpoint whose step is 10**9", "simcse", ["--resume", "BAD_STEP"], 2, False),
         ("--resume of a checkpoint whose best state has a wrong shape", "simcse", ["--resume", "BAD_SHAPE"], 2,
          False),
+        ("--resume of a checkpoint whose optimizer moments have a wrong shape", "simcse", ["--resume", "BAD_MOMENTS"],
+         2, False),
         ("a full disk (the checkpoint of the last step cannot be written)", "simcse", ["--resume", "FULL_DISK"], 2,
          False, {"fsize": 64_000}),
     ]
@@ -261,7 +263,9 @@ def prepare(tmp, context):
             "BAD_TYPE": tampered(unfinished, tmp / "bad_type", lambda c: c["config"].update(lr="abc")),
             "BAD_STEP": tampered(unfinished, tmp / "bad_step", lambda c: c.update(step=10**9)),
             "BAD_SHAPE": tampered(unfinished, tmp / "bad_shape", lambda c: c["best"][2].update(
-                {best: c["best"][2][best][:, :3]}))}
+                {best: c["best"][2][best][:, :3]})),
+            "BAD_MOMENTS": tampered(unfinished, tmp / "bad_moments", lambda c: c["objects"]["opt"]["state"][0].update(
+                exp_avg=c["objects"]["opt"]["state"][0]["exp_avg"][:, :3]))}
 
 
 def substitute(args, names):

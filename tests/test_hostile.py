@@ -96,3 +96,19 @@ def test_written_files_get_the_usual_permissions(world, tmp_path):
     modes = {p.name: p.stat().st_mode & 0o777 for p in out.rglob("*") if p.is_file()}
     assert modes and all(m == want for m in modes.values()), (oct(want), modes)
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
+def test_a_data_file_past_the_memory_bound_is_refused(world, monkeypatch):
+    monkeypatch.setattr(common, "MAX_DATA_BYTES", 100)
+    problems = common.data_problems(world["data"])
+    assert len(problems) == 1 and "read into memory; split it" in problems[0]
+
+
+def test_a_queue_entry_of_another_width_is_refused():
+    import collections
+    import torch
+    model, queue = common.Bert(common.BertConfig.tiny()), collections.deque()
+    common.restore_state(queue, [torch.zeros(32)], "cpu", model)  # the model's width: restored
+    assert len(queue) == 1
+    with pytest.raises(ValueError, match="width"):
+        common.restore_state(queue, [torch.zeros(31)], "cpu", model)

@@ -191,6 +191,19 @@ def test_sigterm_at_random_moments_finishes_or_resumes_identically(world, tmp_pa
     print(f"seed {seed}: {outcomes}")
 
 
+def signals_after_step(monkeypatch, module, n, *signals):
+    """module.optimizer_step raises `signals` after the n-th step -> the list of steps taken (one item each)."""
+    real_step, calls = module.optimizer_step, []
+
+    def step_then_signals(*args):
+        real_step(*args)
+        calls.append(1)
+        for s in signals if len(calls) == n else ():
+            signal.raise_signal(s)
+    monkeypatch.setattr(module, "optimizer_step", step_then_signals)
+    return calls
+
+
 def signals_inside(monkeypatch, name, count, when=lambda: True):
     """common.<name> raises `count` SIGTERMs when it is called (and `when()`), then runs."""
     real = getattr(common, name)
@@ -225,14 +238,7 @@ def test_signals_in_the_final_evaluation_and_save_lose_nothing(name, count, worl
 def test_a_second_signal_waits_for_the_checkpoint_being_written(world, tmp_path, uninterrupted, monkeypatch,
                                                                  own_handlers):
     out, module = tmp_path / "out", importlib.import_module("simcse_min")
-    real_step, calls = module.optimizer_step, []
-
-    def step_then_signal(*args):
-        real_step(*args)
-        calls.append(1)
-        if len(calls) == 5:
-            signal.raise_signal(signal.SIGTERM)  # the first: a checkpoint at the end of step 5
-    monkeypatch.setattr(module, "optimizer_step", step_then_signal)
+    calls = signals_after_step(monkeypatch, module, 5, signal.SIGTERM)  # the first: a checkpoint after step 5
     signals_inside(monkeypatch, "rng_states", 1, when=lambda: len(calls) == 5)  # the second, while it is saved
     with pytest.raises(SystemExit) as stop:
         module.train(config("simcse", world, out))
@@ -262,15 +268,7 @@ def test_a_second_signal_before_any_checkpoint_waits_for_one(world, tmp_path, un
     """Two quick signals in step 2, nothing saved yet (the first checkpoint would come at step 3): the run still
     stops at the end of the step with a checkpoint, so nothing it did is lost."""
     out, module = tmp_path / "out", importlib.import_module("simcse_min")
-    real_step, calls = module.optimizer_step, []
-
-    def step_then_two_signals(*args):
-        real_step(*args)
-        calls.append(1)
-        if len(calls) == 2:
-            signal.raise_signal(signal.SIGTERM)
-            signal.raise_signal(signal.SIGINT)
-    monkeypatch.setattr(module, "optimizer_step", step_then_two_signals)
+    signals_after_step(monkeypatch, module, 2, signal.SIGTERM, signal.SIGINT)
     with pytest.raises(SystemExit) as stop:
         module.train(config("simcse", world, out))
     assert stop.value.code == 128 + signal.SIGTERM and checkpoint_step(out) == 2

@@ -24,7 +24,7 @@ DIFF_BUDGET = {"esimcse_min.py": 100, "simcsepp_min.py": 100, "diffcse_min.py": 
 # STYLE §2.1 (550, 300; the file 1,450): CEILINGS stop them growing while issue 15 brings them down,
 # and test_common_parts_meet_the_style_targets says how far they are (it fails once they get there).
 PART_TARGETS = {"Part 1": 650, "Part 2": 550, "Part 3": 300, "common.py": 1450}
-CEILINGS = {"Part 1": 650, "Part 2": 1145, "Part 3": 400, "common.py": 2190}
+CEILINGS = {"Part 1": 650, "Part 2": 1140, "Part 3": 400, "common.py": 2185}
 ALLOWED = {"torch", "numpy", "scipy", "common"}
 
 
