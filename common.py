@@ -667,6 +667,7 @@ import tarfile
 import tempfile
 import urllib.error
 import urllib.request
+import warnings
 
 
 class UserError(Exception):
@@ -726,13 +727,9 @@ def atomic_write(path, mode="w"):
 
 def write_json(path, obj, indent=2):
     """Strict JSON, written atomically: NaN and infinities (an undefined score) become null."""
+    obj = json.loads(json.dumps(obj), parse_constant=lambda name: None)  # NaN, Infinity -> None
     with atomic_write(path) as f:
-        json.dump(nan_to_null(obj), f, indent=indent, allow_nan=False)
-
-
-def nan_to_null(obj):
-    """NaN and infinities -> None: strict JSON has no NaN."""
-    return json.loads(json.dumps(obj), parse_constant=lambda name: None)
+        json.dump(obj, f, indent=indent, allow_nan=False)
 
 
 def read_json(path, what):
@@ -1370,6 +1367,8 @@ def read_training_data(path):
 def main_guard(fn, *args):
     """Run a command-line entry point: a UserError is one line on stderr and its exit status (2),
     never a traceback. Under torchrun the process group ends after a normal return."""
+    # a Spearman of constant input (a collapsed model, one gold score) is NaN: logged, never best
+    warnings.filterwarnings("ignore", category=scipy.stats.ConstantInputWarning)
     try:
         result = fn(*args)
     except OSError as e:

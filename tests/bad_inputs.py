@@ -4,7 +4,10 @@
 
 tests/test_inputs.py runs the same cases in-process. Each case: a label, the script ("common": common.py's command
 line), its flags, the exit code it must give, whether the run must leave no out_dir behind (every refusal before
-training does), and optionally {"env": variables to set, "fsize": a file-size limit in bytes (a full disk)}."""
+training does), and optionally {"env": variables to set, "fsize": a file-size limit in bytes (a full disk), "lock":
+a run folder whose lock a live run holds}."""
+import contextlib
+import fcntl
 import json
 import os
 import resource
@@ -84,6 +87,10 @@ def cases(tmp):
     done = tmp / "done"
     senteval_cut = make_senteval(tmp / "senteval_cut")
     (senteval_cut / "STS/STS12-en-test/STS.gs.MSRpar.txt").unlink()
+    flat_dev = make_senteval(tmp / "senteval_flat") / "STS/STSBenchmark/sts-dev.csv"
+    flat_dev.write_text("".join("\t".join(r[:4] + ["3.00"] + r[5:]) + "\n"  # one gold score: Spearman is NaN
+                                for r in (line.split("\t") for line in flat_dev.read_text().splitlines())))
+    (tmp / "cached.txt").write_text(lines + "a dog is running in the park .\n")  # its own token cache entry
     senteval_bad = make_senteval(tmp / "senteval_bad")
     dev = senteval_bad / "STS/STSBenchmark/sts-dev.csv"
     dev.write_text(dev.read_text().replace("\t", " ", 4))  # a row cut short
@@ -107,6 +114,7 @@ def cases(tmp):
         "lower": copy_model(model, tmp / "m_lower", lambda d: (d / "tokenizer_config.json").write_text(
             json.dumps({"do_lower_case": "false"}))),
         "trainer_bin": copy_model(model, tmp / "m_trainer", training_checkpoint),
+        "vocab_twice": copy_model(model, tmp / "m_vocab_twice", vocab_with_a_token_twice),
         "small_generator": copy_model(Path(world["generator"]), tmp / "g_small", lambda d: (d / "vocab.txt").write_text(
             (d / "vocab.txt").read_text() + "".join(f"extra{i}\n" for i in range(50)))),
     }
@@ -215,6 +223,14 @@ def cases(tmp):
          2, False),
         ("a full disk (the checkpoint of the last step cannot be written)", "simcse", ["--resume", "FULL_DISK"], 2,
          False, {"fsize": 64_000}),
+        ("--out_dir in use by a run that is still going (its lock held)", "simcse", ["--resume", "UNFINISHED"], 2,
+         False, {"lock": "UNFINISHED"}),
+        ("a corrupt token cache (rebuilt with a note, not an error)", "simcse",
+         base[:-1] + [str(tmp / "out_cache"), "--data", str(tmp / "cached.txt")], 0, False),
+        ("SentEval: every STS-B dev gold score equal (dev Spearman NaN: never best, not an error)", "simcse",
+         base[:-1] + [str(tmp / "out_flat")] + data + ["--senteval", str(flat_dev.parents[2])], 0, False),
+        ("model: vocab.txt with a token twice, a blank line, CRLF endings (saved as read, not an error)", "simcse",
+         base[:-1] + [str(tmp / "out_vocab")] + data + ["--model", models["vocab_twice"]], 0, False),
     ]
     return c, dict(world=world, done=done, tmp=tmp)
 
@@ -225,6 +241,24 @@ def training_checkpoint(folder):
     tensors = common.read_safetensors(folder / "model.safetensors")
     (folder / "model.safetensors").unlink()
     torch.save({"model": tensors, "optimizer": {"lr": 1e-3}, "step": 7}, folder / "pytorch_model.bin")
+
+
+def vocab_with_a_token_twice(folder):
+    """Two lines of vocab.txt replaced (by a token already there and a blank line), CRLF line endings: the saved
+    folder must keep every line where it was (tests/test_hostile.py checks that it tokenizes the same)."""
+    lines = (folder / "vocab.txt").read_text().splitlines()
+    lines[-2:] = [lines[10], ""]
+    (folder / "vocab.txt").write_bytes("".join(t + "\r\n" for t in lines).encode())
+
+
+def corrupt_token_cache(world, path):
+    """Tokenize path once into the token cache (as a run would), then cut the cache file short."""
+    import simcse_min
+    before = set(common.CACHE.glob("tokens/*.npz"))
+    tok = common.Tokenizer.from_pretrained(world["model"])
+    common.tokenize_file(tok, path, simcse_min.Config().max_len)
+    cached, = set(common.CACHE.glob("tokens/*.npz")) - before
+    cached.write_bytes(cached.read_bytes()[:100])
 
 
 def tampered(src, dst, edit):
@@ -254,6 +288,7 @@ def prepare(tmp, context):
         edited_run = unfinished_run(tmp, {**world, "data": str(edited)}, "edited_run")
         full_disk = unfinished_run(tmp, world, "full_disk")
     edited.write_text(edited.read_text().replace("man", "cat", 1))  # same rows, another hash
+    corrupt_token_cache(world, tmp / "cached.txt")
     corrupt = tmp / "corrupt"
     corrupt.mkdir(parents=True)
     (corrupt / "checkpoint.pt").write_bytes(b"PK\x03\x04 not a whole checkpoint")
@@ -270,6 +305,17 @@ def prepare(tmp, context):
 
 def substitute(args, names):
     return [names.get(a, a) for a in args]
+
+
+@contextlib.contextmanager
+def lock_held(names, options=None):
+    """options["lock"]: hold that run folder's lock (as its live run would) while a row runs."""
+    if "lock" not in (options or {}):
+        yield
+        return
+    with open(Path(names[options["lock"]]) / "log.txt", "a") as log:
+        fcntl.flock(log, fcntl.LOCK_EX)
+        yield
 
 
 def run_cli(script, args, options=None):
@@ -292,12 +338,14 @@ def message(stderr):
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("SIMCSE_CACHE", str(Path(tmp) / "cache"))
+        common.CACHE = Path(os.environ["SIMCSE_CACHE"])  # prepare() runs in this process
         table, context = cases(tmp)
         names = prepare(tmp, context)
         print("| input | exit code | message |\n|---|---|---|")
         failures = 0
         for label, script, args, code, _, *options in table:
-            got, stderr = run_cli(script, substitute(args, names), *options)
+            with lock_held(names, *options):
+                got, stderr = run_cli(script, substitute(args, names), *options)
             shown = message(stderr).replace(str(tmp), "$TMP").replace("|", "\\|").replace("`", "'")
             flag = "" if got == code and "Traceback" not in stderr else " **(unexpected)**"
             failures += bool(flag)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import common
-from bad_inputs import cases, prepare, run_cli, substitute
+from bad_inputs import cases, lock_held, prepare, run_cli, substitute
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,8 @@ def test_every_bad_input_gives_one_line_and_its_exit_code(table, capsys, monkeyp
             continue  # a file-size limit needs its own process: test_a_full_disk_is_one_line
         for k, v in (options[0].get("env", {}) if options else {}).items():
             monkeypatch.setenv(k, v)
-        got = run(script, substitute(args, names))
+        with lock_held(names, *options):
+            got = run(script, substitute(args, names))
         monkeypatch.undo()
         err = capsys.readouterr().err
         errors = [line for line in err.splitlines() if "error:" in line]
