@@ -12,6 +12,7 @@ Part 2, operations (safe to skip): files, downloads, input checks, resumable run
 """
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -81,11 +82,15 @@ class Tokenizer:
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = map(vocab.get,
                                                                                SPECIAL_TOKENS)
 
-    @classmethod
-    def from_pretrained(cls, name_or_dir):
-        """vocab.txt (id = line number), tokenizer_config.json of a model folder or known name."""
-        vocab, config = read_vocab(resolve_model(name_or_dir))  # Part 2: checked, one-line errors
-        return cls(vocab, config.get("do_lower_case", True), config.get("strip_accents"))
+    @staticmethod
+    def from_pretrained(name_or_dir):
+        """A model folder's (or known name's) tokenizer: WordPiece from vocab.txt (id = line number)
+        and tokenizer_config.json, or RoBERTa's byte-level BPE from vocab.json and merges.txt."""
+        folder = resolve_model(name_or_dir)
+        if (folder / "merges.txt").exists():
+            return BPETokenizer(*read_bpe(folder))  # Part 2: checked, one-line errors
+        vocab, config = read_vocab(folder)
+        return Tokenizer(vocab, config.get("do_lower_case", True), config.get("strip_accents"))
 
     def encode_word(self, word):
         """One whitespace-delimited word -> sub-word ids (cached)."""
@@ -138,6 +143,80 @@ class Tokenizer:
         return self.pad([self.encode(t, max_len) for t in texts])
 
 
+# --- Byte-level BPE tokenizer (GPT-2's, as RoBERTa uses it; encode-only) --------------------------
+
+BPE_SPECIALS = ("<pad>", "<unk>", "<s>", "</s>", "<mask>")  # SPECIAL_TOKENS' roles, RoBERTa's names
+_BPE_SPECIAL_SPLIT = re.compile("(" + "|".join(BPE_SPECIALS) + ")")
+_PRINTABLE = [*range(33, 127), *range(161, 173), *range(174, 256)]  # bytes shown as themselves
+BYTE_CHARS = dict(zip(_PRINTABLE + [b for b in range(256) if b not in _PRINTABLE],
+                      map(chr, _PRINTABLE + list(range(256, 324)))))  # byte -> one char [GPT-2]
+_SPACE = "\t-\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"  # White_Space
+
+
+@functools.cache
+def gpt2_pattern():
+    r"""GPT-2's pre-tokenizer [GPT-2 encoder.py]:
+        's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+    with \p{L}, \p{N} (which Python's re lacks) as ranges of the Unicode categories L* and N*, and
+    \s as White_Space (the `regex` module's \s: not \x1c-\x1f, which re's \s counts)."""
+    cats = "".join(unicodedata.category(chr(cp))[0] for cp in range(0x110000))  # 0.3 s, once
+    L, N = ("".join(f"{chr(m.start())}-{chr(m.end() - 1)}" for m in re.finditer(f"{c}+", cats))
+            for c in "LN")  # runs of code points whose category is L* (N*) -> class ranges
+    S = _SPACE
+    return re.compile(rf"'s|'t|'re|'ve|'m|'ll|'d| ?[{L}]+| ?[{N}]+| ?[^{S}{L}{N}]+|[{S}]+(?![^{S}])"
+                      rf"|[{S}]+")
+
+
+class BPETokenizer(Tokenizer):
+    """RoBERTa's tokenizer: text -> UTF-8 bytes -> GPT-2 pre-tokens -> merges by rank -> ids, as
+    <s> ... </s> [HF RobertaTokenizer, add_prefix_space=False]. Pads and batches like WordPiece."""
+
+    def __init__(self, vocab, merges):
+        self.vocab, self.merges, self._cache = vocab, merges, {}  # token -> id; [(a, b)] by rank
+        self.ranks = {pair: i for i, pair in enumerate(merges)}
+        self.lower = self.strip_accents = False
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = map(vocab.get,
+                                                                               BPE_SPECIALS)
+
+    def bpe(self, word):
+        """A pre-token -> ids (cached): join each adjacent pair of the lowest rank, until none is a
+        merge."""
+        ids = self._cache.get(word)
+        if ids is not None:
+            return ids
+        parts = [BYTE_CHARS[b] for b in word.encode()]
+        while len(parts) > 1:
+            best = min(zip(parts, parts[1:]), key=lambda pair: self.ranks.get(pair, math.inf))
+            if best not in self.ranks:
+                break
+            joined, i = [], 0
+            while i < len(parts):  # every occurrence, left to right [GPT-2 encoder.py]
+                pair = i + 1 < len(parts) and (parts[i], parts[i + 1]) == best
+                joined.append(parts[i] + parts[i + 1] if pair else parts[i])
+                i += 1 + pair
+            parts = joined
+        ids = [self.vocab.get(p, self.unk_id) for p in parts]
+        if len(self._cache) < 2_000_000:
+            self._cache[word] = ids
+        return ids
+
+    def encode(self, text, max_len=None):
+        """text -> <s> ids </s>, at most max_len tokens (<s> and </s> counted), </s> kept."""
+        ids, limit = [self.cls_id], math.inf if max_len is None else max_len - 1
+        chunks = _BPE_SPECIAL_SPLIT.split(text) if "<" in text else [text]
+        for i, chunk in enumerate(chunks):
+            if chunk in BPE_SPECIALS:
+                ids.append(self.vocab[chunk])  # special-token strings in the text are kept [HF]
+                continue
+            if chunks[i + 1:i + 2] == ["<mask>"]:
+                chunk = chunk.rstrip()  # <mask> takes the spaces before it (lstrip) [HF RoBERTa]
+            for word in gpt2_pattern().findall(chunk):
+                if len(ids) >= limit:
+                    break
+                ids += self.bpe(word)
+        return ids[:limit] + [self.sep_id] if len(ids) > limit else ids + [self.sep_id]
+
+
 def pad_ids(id_lists, pad_id, width=None):
     """Id lists -> (ids [B, L], mask [B, L]), L the longest (or `width`): one numpy scatter."""
     lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))  # [B]
@@ -163,6 +242,12 @@ class BertConfig:
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
     pad_token_id: int = 0
+    model_type: str = "bert"  # "roberta": positions start after the padding index
+
+    @property
+    def max_tokens(self):  # the longest input [HF RoBERTa: max_position_embeddings - pad - 1]
+        offset = self.pad_token_id + 1 if self.model_type == "roberta" else 0
+        return self.max_position_embeddings - offset
 
     @classmethod
     def tiny(cls, **kw):
@@ -177,13 +262,20 @@ class Embeddings(nn.Module):
         super().__init__()
         H, types = cfg.hidden_size, cfg.type_vocab_size
         self.word_embeddings = nn.Embedding(cfg.vocab_size, H, padding_idx=cfg.pad_token_id)
-        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, H)
+        self.roberta_pad = cfg.pad_token_id if cfg.model_type == "roberta" else None
+        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, H,
+                                                padding_idx=self.roberta_pad)
         self.token_type_embeddings = nn.Embedding(types, H) if types else None
         self.LayerNorm = nn.LayerNorm(H, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, ids):  # ids [B, L] -> [B, L, H]
-        x = self.word_embeddings(ids) + self.position_embeddings.weight[:ids.size(1)]
+        if self.roberta_pad is None:
+            positions = self.position_embeddings.weight[:ids.size(1)]  # [L, H]: 0, 1, ...
+        else:  # tokens at pad + 1, pad + 2, ...; padding at pad [HF create_position_ids_from_..]
+            real = ids.ne(self.roberta_pad).long()  # [B, L]
+            positions = self.position_embeddings(real.cumsum(1) * real + self.roberta_pad)
+        x = self.word_embeddings(ids) + positions
         if self.token_type_embeddings is not None:
             x = x + self.token_type_embeddings.weight[0]  # one segment: token type 0 everywhere
         return self.dropout(self.LayerNorm(x))
@@ -374,7 +466,7 @@ def encode_sentences(model, tok, sentences, pooler="cls", batch_size=128, id_lis
     """Sentence vectors [N, H] (float32, CPU) in eval mode, sorted by length to cut padding."""
     if pooler not in POOLERS:
         raise UserError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
-    id_lists = id_lists or [tok.encode(s, model.cfg.max_position_embeddings) for s in sentences]
+    id_lists = id_lists or [tok.encode(s, model.cfg.max_tokens) for s in sentences]
     order = sorted(range(len(id_lists)), key=lambda i: -len(id_lists[i]))
     device, was_training = next(model.parameters()).device, model.training
     model.eval()
@@ -811,8 +903,8 @@ def folder_problem(folder):
     """What keeps `folder` from being a model folder we can read ("" if nothing)."""
     if not (folder / "config.json").is_file():
         return "has no config.json: not a Hugging Face model folder"
-    if not (folder / "vocab.txt").is_file():
-        return "has no vocab.txt: not a BERT (WordPiece) model folder"
+    if not any((folder / v).is_file() for v in ("vocab.txt", "merges.txt")):
+        return "has no vocab.txt (BERT's WordPiece) or merges.txt (RoBERTa's BPE): no tokenizer"
     if not any((folder / w).is_file() for w in ("model.safetensors", "pytorch_model.bin")):
         return "has neither model.safetensors nor pytorch_model.bin"
     return ""
@@ -840,6 +932,25 @@ def read_vocab(folder):
     return vocab, config
 
 
+def read_bpe(folder):
+    """A RoBERTa folder's vocab.json (token -> id) and merges.txt (pairs by rank), checked."""
+    vocab = read_json(folder / "vocab.json", "the tokenizer's vocab.json")
+    if not (isinstance(vocab, dict) and all(type(i) is int and i >= 0 for i in vocab.values())):
+        raise CheckpointError(f"{folder}/vocab.json is not a JSON object of token -> id")
+    if any(t not in vocab for t in BPE_SPECIALS):
+        raise CheckpointError(f"{folder}/vocab.json lacks RoBERTa's special tokens {BPE_SPECIALS}")
+    try:
+        lines = (folder / "merges.txt").read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{folder}/merges.txt is not UTF-8 (byte {e.start})") from None
+    merges = [tuple(line.split(" ")) for line in lines if line and not line.startswith("#version")]
+    bad = next((i for i, m in enumerate(merges) if len(m) != 2 or "".join(m) not in vocab), None)
+    if bad is not None:
+        raise CheckpointError(f"{folder}/merges.txt: merge {bad + 1} ({' '.join(merges[bad])!r}) "
+                              f"is not two tokens whose join is in vocab.json")
+    return vocab, merges
+
+
 DISTILBERT_CONFIG = {"dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads":
                      "num_attention_heads", "hidden_dim": "intermediate_size", "dropout":
                      "hidden_dropout_prob", "attention_dropout": "attention_probs_dropout_prob",
@@ -860,11 +971,12 @@ def read_model_folder(folder):
                                                            "is not a JSON object"))
     if kind == "distilbert":
         hf = {DISTILBERT_CONFIG.get(k, k): v for k, v in hf.items()} | {"type_vocab_size": 0}
-    if kind not in ("bert", "distilbert") or hf.get("hidden_act", "gelu") != "gelu" or \
+    if kind not in ("bert", "distilbert", "roberta") or hf.get("hidden_act", "gelu") != "gelu" or \
             hf.get("sinusoidal") or hf.get("position_embedding_type", "absolute") != "absolute":
-        raise CheckpointError(f"{folder}: model_type {kind!r}: only BERT/DistilBERT with GELU and "
-                              f"learned absolute positions is supported")
+        raise CheckpointError(f"{folder}: model_type {kind!r}: only BERT/DistilBERT/RoBERTa with "
+                              f"GELU and learned absolute positions is supported")
     cfg = BertConfig(**{f.name: hf[f.name] for f in dataclasses.fields(BertConfig) if f.name in hf})
+    cfg.model_type = kind
     values = dataclasses.asdict(cfg)
     bad = [k for k, v in values.items() if k.endswith(("_size", "_layers", "_heads", "_embeddings"))
            and not (type(v) is int and v >= (k != "type_vocab_size"))]  # 0 types: DistilBERT
@@ -886,10 +998,12 @@ def read_model_folder(folder):
     if needed > stored:
         raise CheckpointError(f"{folder}: config.json describes {needed:,} parameters but "
                               f"the weights hold {stored:,} numbers: they do not belong together")
-    words = max(read_vocab(folder)[0].values()) + 1 if (folder / "vocab.txt").exists() else 0
+    vocab = read_bpe(folder)[0] if (folder / "merges.txt").exists() else \
+        read_vocab(folder)[0] if (folder / "vocab.txt").exists() else {0: 0}
+    words = max(vocab.values()) + 1
     if words > cfg.vocab_size:  # a token id past the embedding rows would fail mid-training
-        raise CheckpointError(f"{folder}: vocab.txt has {words} tokens but the embeddings have "
-                              f"{cfg.vocab_size} rows (config.json vocab_size): it mixes two "
+        raise CheckpointError(f"{folder}: its vocabulary has {words} tokens but the embeddings "
+                              f"have {cfg.vocab_size} rows (config.json vocab_size): it mixes two "
                               f"models")
     return cfg, tensors, kind
 
@@ -926,27 +1040,30 @@ RENAMES = {  # our module: (Hugging Face BERT's, DistilBERT's); one table, read 
     "mlm.norm": ("cls.predictions.transform.LayerNorm", "vocab_layer_norm"),
     "mlm": ("cls.predictions", "vocab_projector"),  # the MLM bias
 }
-TIED = {"cls.predictions.decoder.weight", "vocab_projector.weight"}  # = the word embeddings
-SKIPPED = {"embeddings.position_ids", "cls.predictions.decoder.bias"}  # a buffer; the bias again
+ROBERTA_MLM = {"mlm.dense": "lm_head.dense", "mlm.norm": "lm_head.layer_norm", "mlm": "lm_head"}
+TIED = {"cls.predictions.decoder.weight", "vocab_projector.weight", "lm_head.decoder.weight"}
+SKIPPED = {"embeddings.position_ids", "cls.predictions.decoder.bias", "lm_head.decoder.bias"}
 
 
-def hf_name(name, distil=False):
-    """Our parameter name -> the Hugging Face BERT (or DistilBERT) one, without 'bert.'."""
+def hf_name(name, kind="bert"):
+    """Our parameter name -> the Hugging Face BERT (DistilBERT, RoBERTa) one, without 'bert.'."""
     module, _, param = name.rpartition(".")
     parts = re.fullmatch(r"(layers)\.(\d+)\.(\w+)", module)
     names = [parts[1], parts[2], parts[3]] if parts else [module]  # embeddings.*: as they are
-    return ".".join(RENAMES[n][distil] if n in RENAMES else n for n in names) + f".{param}"
+    table = {k: v[kind == "distilbert"] for k, v in RENAMES.items()}
+    table |= ROBERTA_MLM if kind == "roberta" else {}  # RoBERTa: BERT's names, its own MLM head
+    return ".".join(table.get(n, n) for n in names) + f".{param}"
 
 
 def rename_checkpoint(tensors, model_type, model):
     """Checkpoint tensors -> (state_dict in our names, unused keys); every model tensor filled with
     the right shape, else a CheckpointError naming the missing or mismatched ones."""
     expected, state, unused = model.state_dict(), {}, set()
-    ours = {hf_name(k, model_type == "distilbert"): k for k in expected}
+    ours = {hf_name(k, model_type): k for k in expected}
     words = next((v for k, v in tensors.items() if k.endswith("embeddings.word_embeddings.weight")),
                  None)
     for key, t in tensors.items():
-        bare = re.sub(r"^(bert|distilbert)\.", "", key)
+        bare = re.sub(r"^(bert|distilbert|roberta)\.", "", key)
         bare = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", bare)  # legacy names [HF #11809]
         bare = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", bare)
         if bare in TIED and model.mlm is not None and (words is None or not torch.equal(t, words)):
@@ -969,33 +1086,48 @@ def rename_checkpoint(tensors, model_type, model):
 
 
 def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
-    """A folder that BertModel and sentence-transformers (CLS pooling) load with our vectors."""
+    """A folder that BertModel (RobertaModel) and sentence-transformers (CLS pooling) load with our
+    vectors."""
     folder, cfg, mlm = Path(folder), model.cfg, model.mlm is not None
+    kind = "roberta" if cfg.model_type == "roberta" else "bert"  # DistilBERT is saved as BERT
     (folder / "1_Pooling").mkdir(parents=True, exist_ok=True)
-    write_safetensors(folder / "model.safetensors", {  # BertForMaskedLM keys with an MLM head
-        "bert." * (mlm and not n.startswith("mlm.")) + hf_name(n): t.to(dtype)
-        for n, t in model.state_dict().items()})
-    specials = {f"{n}_token": t for n, t in zip("pad unk cls sep mask".split(), SPECIAL_TOKENS)}
+    tensors = {f"{kind}." * (mlm and not n.startswith("mlm.")) + hf_name(n, kind): t.to(dtype)
+               for n, t in model.state_dict().items()}  # *ForMaskedLM keys with an MLM head
+    if mlm:  # the MLM bias twice: transformers 4.x ties it from the decoder's copy
+        head = hf_name("mlm.bias", kind).removesuffix(".bias")
+        tensors[f"{head}.decoder.bias"] = tensors[f"{head}.bias"]
+    write_safetensors(folder / "model.safetensors", tensors)
+    bpe = isinstance(tokenizer, BPETokenizer)
+    specials = {f"{n}_token": t for n, t in zip("pad unk cls sep mask".split(),
+                                                BPE_SPECIALS if bpe else SPECIAL_TOKENS)}
     strip = None if tokenizer.strip_accents == tokenizer.lower else tokenizer.strip_accents
-    st = "sentence_transformers.models."
+    st, arch = "sentence_transformers.models.", "Roberta" if kind == "roberta" else "Bert"
+    positions = cfg.max_tokens
+    tokenizer_config = {"tokenizer_class": "RobertaTokenizer", "add_prefix_space": False,
+                        "bos_token": "<s>", "eos_token": "</s>"} if bpe else {
+        "tokenizer_class": "BertTokenizer", "do_lower_case": tokenizer.lower,
+        "strip_accents": strip}
     for name, content in {
-        "config.json": {"architectures": ["BertForMaskedLM" if mlm else "BertModel"],
-                        "model_type": "bert", **dataclasses.asdict(cfg), "hidden_act": "gelu",
+        "config.json": {"architectures": [arch + ("ForMaskedLM" if mlm else "Model")],
+                        **dataclasses.asdict(cfg), "model_type": kind, "hidden_act": "gelu",
                         "position_embedding_type": "absolute", "initializer_range": 0.02,
                         "torch_dtype": str(dtype).removeprefix("torch.")},
-        "tokenizer_config.json": {"tokenizer_class": "BertTokenizer",
-                                  "do_lower_case": tokenizer.lower, "strip_accents": strip,
-                                  **specials, "model_max_length": cfg.max_position_embeddings},
+        "tokenizer_config.json": tokenizer_config | specials | {"model_max_length": positions},
         "special_tokens_map.json": specials,
         "modules.json": [{"idx": 0, "name": "0", "path": "", "type": st + "Transformer"},
                          {"idx": 1, "name": "1", "path": "1_Pooling", "type": st + "Pooling"}],
-        "sentence_bert_config.json": {"max_seq_length": cfg.max_position_embeddings,
+        "sentence_bert_config.json": {"max_seq_length": positions,
                                       "do_lower_case": False},
         "1_Pooling/config.json": {"word_embedding_dimension": cfg.hidden_size, **{
             f"pooling_mode_{m}": m == "cls_token"
             for m in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens")}},
     }.items():
         write_json(folder / name, content)
+    if bpe:
+        write_json(folder / "vocab.json", tokenizer.vocab)
+        with atomic_write(folder / "merges.txt") as f:
+            f.write("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in tokenizer.merges))
+        return
     lines = [""] * (max(tokenizer.vocab.values()) + 1)  # line i holds token i, as it was read
     for token, i in tokenizer.vocab.items():
         lines[i] = token
@@ -1010,9 +1142,12 @@ def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
 HF_ENDPOINT = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
 CACHE = Path(os.environ.get("SIMCSE_CACHE", Path.home() / ".cache" / "simcse-min"))
 _FILES = ["config.json", "vocab.txt", "tokenizer_config.json", "model.safetensors"]  # weights last
+_BPE_FILES = ["config.json", "vocab.json", "merges.txt", "model.safetensors"]
 KNOWN_MODELS = {"bert-base-uncased": _FILES, "bert-large-uncased": _FILES,
                 "distilbert-base-uncased": _FILES, "sentence-transformers/all-MiniLM-L6-v2": _FILES,
-                "google/bert_uncased_L-4_H-256_A-4": _FILES[:2] + ["pytorch_model.bin"]}
+                "google/bert_uncased_L-4_H-256_A-4": _FILES[:2] + ["pytorch_model.bin"],
+                "roberta-base": _BPE_FILES, "roberta-large": _BPE_FILES,
+                "distilroberta-base": _BPE_FILES}
 _DATA = "datasets/princeton-nlp/datasets-for-simcse/resolve/main/"
 KNOWN_DATA = {f: _DATA + f for f in ("wiki1m_for_simcse.txt", "nli_for_simcse.csv", "senteval.tar")}
 DATA_ALIASES = {"wiki1m.txt": "wiki1m_for_simcse.txt"}  # the name the papers' READMEs use
@@ -1022,7 +1157,7 @@ def hub_snapshot(name):
     """A complete snapshot of `name` in the Hugging Face cache, or None."""
     hub = Path(os.environ.get("HF_HUB_CACHE", Path.home() / ".cache" / "huggingface" / "hub"))
     return next((s for s in sorted(hub.glob(f"models--{str(name).replace('/', '--')}/snapshots/*"))
-                 if (s / "config.json").exists() and (s / "vocab.txt").exists()), None)
+                 if not folder_problem(s)), None)
 
 
 def resolve_model(name_or_dir, flag="--model"):
@@ -1309,9 +1444,8 @@ def out_dir_problems(out, overwrite):
 
 def check_positions(model, max_len):
     """A model with fewer positions than --max_len (vocab.txt vs rows: in read_model_folder)."""
-    if max_len > model.cfg.max_position_embeddings:
-        raise UserError(f"--max_len {max_len} exceeds the model's "
-                        f"{model.cfg.max_position_embeddings} positions")
+    if max_len > model.cfg.max_tokens:
+        raise UserError(f"--max_len {max_len} exceeds the model's {model.cfg.max_tokens} positions")
 
 
 def read_text(path):
@@ -1431,7 +1565,8 @@ def tokenize_file(tok, path, max_len):
     start, path = time.time(), Path(path)
     if data_problems(path):
         raise UserError(data_problems(path)[0])
-    vocab = hashlib.sha256("\n".join(tok.vocab).encode() + bytes([tok.lower, tok.strip_accents]))
+    vocab = hashlib.sha256("\n".join([*tok.vocab, *map(" ".join, getattr(tok, "merges", []))])
+                           .encode() + bytes([tok.lower, tok.strip_accents]))
     digest = sha256_file(path)
     key = f"{digest} {path.suffix} {vocab.hexdigest()} {max_len}"
     cached = CACHE / "tokens" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz"

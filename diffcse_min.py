@@ -120,7 +120,7 @@ def load_generator(name, tok):
         folder = resolve_model(name, "--generator")
     generator = Bert.from_pretrained(folder, mlm_head=True)  # a masked LM, with its MLM head
     if Tokenizer.from_pretrained(folder).vocab != tok.vocab:  # [official DiffCSE issue #1]
-        raise UserError(f"--generator {name} does not have the vocabulary of --model")
+        raise UserError(f"--generator {name} has another vocabulary (RoBERTa: distilroberta-base)")
     return generator.requires_grad_(False)
 
 

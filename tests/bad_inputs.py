@@ -108,13 +108,17 @@ def cases(tmp):
             (d / "model.safetensors").read_bytes()[:5000])),
         "garbage": copy_model(model, tmp / "m_garbage", lambda d: (d / "model.safetensors").write_bytes(
             (200).to_bytes(8, "little") + b"\xff" * 300)),
-        "roberta": copy_model(model, tmp / "m_roberta", set_config(model_type="roberta")),
+        "xlmr": copy_model(model, tmp / "m_xlmr", set_config(model_type="xlm-roberta")),
         "string": copy_model(model, tmp / "m_string", set_config(hidden_size="32")),
         "eps": copy_model(model, tmp / "m_eps", set_config(layer_norm_eps="1e-12")),
         "lower": copy_model(model, tmp / "m_lower", lambda d: (d / "tokenizer_config.json").write_text(
             json.dumps({"do_lower_case": "false"}))),
         "trainer_bin": copy_model(model, tmp / "m_trainer", training_checkpoint),
         "vocab_twice": copy_model(model, tmp / "m_vocab_twice", vocab_with_a_token_twice),
+        "bpe_no_vocab": copy_model(roberta_folder(tmp / "roberta"), tmp / "m_bpe_novocab",
+                                   lambda d: (d / "vocab.json").unlink()),
+        "bpe_bad_merge": copy_model(tmp / "roberta", tmp / "m_bpe_merge", lambda d: (d / "merges.txt").write_text(
+            (d / "merges.txt").read_text() + "Ġzz qq\n")),
         "small_generator": copy_model(Path(world["generator"]), tmp / "g_small", lambda d: (d / "vocab.txt").write_text(
             (d / "vocab.txt").read_text() + "".join(f"extra{i}\n" for i in range(50)))),
     }
@@ -163,7 +167,7 @@ def cases(tmp):
          base[:-1] + [str(tmp / "out_zw"), "--data", str(tmp / "zero_width.txt")], 0, False),
         ("--senteval is a file", "simcse", base + data + ["--senteval", str(tmp / "a_file")], 2, True),
         ("--senteval is a symlink loop", "simcse", base + data + ["--senteval", str(tmp / "loop")], 2, True),
-        ("model: config.json model_type roberta", "simcse", base + data + ["--model", models["roberta"]], 2, True),
+        ("model: config.json model_type xlm-roberta", "simcse", base + data + ["--model", models["xlmr"]], 2, True),
         ("model: config.json hidden_size \"32\" (a string)", "simcse", base + data + ["--model", models["string"]],
          2, True),
         ("model: config.json layer_norm_eps a string", "simcse", base + data + ["--model", models["eps"]], 2, True),
@@ -231,6 +235,10 @@ def cases(tmp):
          base[:-1] + [str(tmp / "out_flat")] + data + ["--senteval", str(flat_dev.parents[2])], 0, False),
         ("model: vocab.txt with a token twice, a blank line, CRLF endings (saved as read, not an error)", "simcse",
          base[:-1] + [str(tmp / "out_vocab")] + data + ["--model", models["vocab_twice"]], 0, False),
+        ("model: RoBERTa folder without vocab.json", "simcse", base + data + ["--model", models["bpe_no_vocab"]], 2,
+         True),
+        ("model: RoBERTa merges.txt with a merge that is not in vocab.json", "simcse",
+         base + data + ["--model", models["bpe_bad_merge"]], 2, True),
     ]
     return c, dict(world=world, done=done, tmp=tmp)
 
@@ -241,6 +249,18 @@ def training_checkpoint(folder):
     tensors = common.read_safetensors(folder / "model.safetensors")
     (folder / "model.safetensors").unlink()
     torch.save({"model": tensors, "optimizer": {"lr": 1e-3}, "step": 7}, folder / "pytorch_model.bin")
+
+
+def roberta_folder(folder):
+    """A tiny RoBERTa with a byte-level BPE of GPT-2's first 40 merges."""
+    import torch
+    from fixtures.make_roberta_fixtures import bpe_vocab, read_merges
+    merges = read_merges()[:40]
+    tok = common.BPETokenizer(bpe_vocab(merges), merges)
+    torch.manual_seed(0)
+    cfg = common.BertConfig.tiny(vocab_size=len(tok.vocab), model_type="roberta", pad_token_id=1)
+    common.Bert(cfg).save_pretrained(folder, tok)
+    return folder
 
 
 def vocab_with_a_token_twice(folder):

@@ -177,3 +177,24 @@ def test_resolve_model_downloads_a_known_name(server, tmp_path, monkeypatch):
     assert common.Tokenizer.from_pretrained("fake/tiny-bert").vocab == tok.vocab
     with pytest.raises(common.UserError, match="neither a folder nor a known name"):
         common.resolve_model("fake/unknown-model")
+
+
+@pytest.mark.parametrize("name", ["roberta-base", "roberta-large", "distilroberta-base"])
+def test_roberta_names_download_their_bpe_files(name, server, tmp_path, monkeypatch):
+    """The known RoBERTa names fetch config.json, vocab.json, merges.txt and the weights (served here by a tiny
+    RoBERTa under the real name), and load as RoBERTa with its byte-level BPE."""
+    from fixtures.make_roberta_fixtures import bpe_vocab, read_merges
+    merges = read_merges()[:40]
+    tok = common.BPETokenizer(bpe_vocab(merges), merges)
+    torch.manual_seed(0)
+    model = common.Bert(common.BertConfig.tiny(vocab_size=len(tok.vocab), model_type="roberta", pad_token_id=1))
+    model.save_pretrained(tmp_path / "source", tok)
+    for f in common.KNOWN_MODELS[name]:
+        serve(server, f"/{name}/resolve/main/{f}", (tmp_path / "source" / f).read_bytes())
+    monkeypatch.setattr(common, "HF_ENDPOINT", server.url)
+    monkeypatch.setattr(common, "CACHE", tmp_path / "cache")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert common.KNOWN_MODELS[name] == ["config.json", "vocab.json", "merges.txt", "model.safetensors"]
+    loaded, again = common.Bert.from_pretrained(name), common.Tokenizer.from_pretrained(name)
+    assert loaded.cfg.model_type == "roberta" and (again.vocab, again.merges) == (tok.vocab, tok.merges)
+    assert [p for p, _ in server.requests] == [f"/{name}/resolve/main/{f}" for f in common.KNOWN_MODELS[name]]

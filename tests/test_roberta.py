@@ -1,0 +1,182 @@
+"""RoBERTa (issue 18): byte-level BPE with the ids of Hugging Face's RobertaTokenizer, RoBERTa and a
+DistilRoBERTa-shaped masked LM in our Bert with the outputs of RobertaModel / RobertaForMaskedLM, saved folders in
+Hugging Face's layout, and every method training on a tiny RoBERTa.
+
+The references are in tests/fixtures (made by tests/fixtures/make_roberta_fixtures.py, the only place transformers
+is imported): GPT-2's real 50,000 merges (= roberta-base's merges.txt), the slow RobertaTokenizer's ids on hard
+strings and on every STS, SICK and wiki sentence (digests), and two tiny models' outputs, whose weights both sides
+draw from numpy's RandomState."""
+import dataclasses
+import importlib
+import json
+import math
+import unicodedata
+
+import numpy as np
+import pytest
+import torch
+
+import common
+from conftest import FIXTURES
+from fixtures.make_roberta_fixtures import (CONFIG_BASE, CONFIG_MLM, bpe_folder, bpe_vocab, read_merges,
+                                            reference_weights)
+from test_tokenizer import corpus_sentences, digest
+from tiny_world import make_senteval, sentence
+
+REF = json.loads((FIXTURES / "roberta_tokenizer_ref.json").read_text(encoding="utf-8"))
+MODEL_REF = np.load(FIXTURES / "roberta_model_ref.npz")
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    """The GPT-2/RoBERTa BPE (50,000 merges) in a folder, read by Tokenizer.from_pretrained."""
+    return common.Tokenizer.from_pretrained(bpe_folder(tmp_path_factory.mktemp("bpe") / "roberta"))
+
+
+def test_a_folder_with_merges_is_read_as_bpe(gpt2):
+    assert isinstance(gpt2, common.BPETokenizer) and len(gpt2.vocab) == REF["vocab_size"]
+    assert (gpt2.cls_id, gpt2.pad_id, gpt2.sep_id, gpt2.unk_id) == (0, 1, 2, 3)
+
+
+@pytest.mark.parametrize("case", REF["hard"], ids=lambda c: repr(c["text"])[:40])
+def test_hard_strings_match_hugging_face(gpt2, case):
+    assert gpt2.encode(case["text"]) == case["ids"]
+
+
+@pytest.mark.parametrize("case", REF["truncation"], ids=lambda c: f"{c['max_len']}:{c['text'][:20]}")
+def test_truncation_matches_hugging_face(gpt2, case):
+    assert gpt2.encode(case["text"], case["max_len"]) == case["ids"]
+
+
+def test_every_corpus_sentence_matches_hugging_face(gpt2, senteval_dir, wiki_path):
+    """101,106 sentences of STS12-16, STS-B, SICK and the wiki sample, in digests of 64."""
+    wrong = []
+    for name, ref in REF["corpora"].items():
+        sents = corpus_sentences(name, senteval_dir, wiki_path)
+        assert len(sents) == ref["n"], name
+        ids = [gpt2.encode(s) for s in sents]
+        got = [digest(ids[i:i + ref["chunk"]]) for i in range(0, len(ids), ref["chunk"])]
+        wrong += [f"{name} chunk {i}" for i, (a, b) in enumerate(zip(got, ref["digests"])) if a != b]
+    assert not wrong, wrong[:10]
+
+
+def test_letter_and_number_classes_are_the_unicode_categories():
+    """\\p{L} and \\p{N} rebuilt from unicodedata: a letter (number) joins the run before it, nothing else does, for
+    every code point; \\s is White_Space (\\x1c-\\x1f are not spaces, unlike re's \\s)."""
+    pattern = common.gpt2_pattern()
+    for cp in range(0x110000):
+        c, cat = chr(cp), unicodedata.category(chr(cp))
+        if cat in ("Cs", "Cn"):
+            continue
+        assert (pattern.findall("a" + c) == ["a" + c]) == cat.startswith("L"), hex(cp)
+        assert (pattern.findall("1" + c) == ["1" + c]) == cat.startswith("N"), hex(cp)
+    assert pattern.findall("a\x1cb \u2028c  d") == ["a", "\x1c", "b", " ", "\u2028", "c", " ", " d"]
+    assert pattern.findall("I'm 2x½!!") == ["I", "'m", " 2", "x", "½", "!!"]
+
+
+def test_bpe_merges_every_occurrence_by_rank():
+    merges = [("a", "b"), ("ab", "ab"), ("b", "c")]
+    tok = common.BPETokenizer(bpe_vocab(merges), merges)
+    v = tok.vocab
+    assert tok.encode("ababc") == [0, v["abab"], v["c"], 2]  # (a b) twice, then (ab ab); not (b c)
+    assert tok.encode("ab", max_len=2) == [0, 2] and tok.encode("x <mask>") == [0, v["x"], v["<mask>"], 2]
+
+
+def hf_folder(folder, config, shapes, seed, architecture):
+    """A Hugging Face RoBERTa folder with the fixture's weights (the float tensors HF saves)."""
+    weights = reference_weights({k: tuple(s) for k, s in shapes.items()
+                                 if not k.endswith(("position_ids", "token_type_ids"))}, seed)
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": [architecture]}))
+    common.write_safetensors(folder / "model.safetensors", {k: torch.from_numpy(v) for k, v in weights.items()})
+    return folder
+
+
+@pytest.fixture(scope="module")
+def roberta_folders(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("roberta-models")
+    return (hf_folder(tmp / "base", CONFIG_BASE, json.loads(str(MODEL_REF["keys_base"])), 1, "RobertaModel"),
+            hf_folder(tmp / "mlm", CONFIG_MLM, json.loads(str(MODEL_REF["keys_mlm"])), 2, "RobertaForMaskedLM"))
+
+
+@torch.no_grad()
+def test_roberta_matches_hugging_face_on_a_padded_batch(roberta_folders):
+    model = common.Bert.from_pretrained(roberta_folders[0], quiet=True).eval()
+    ids, mask = torch.from_numpy(MODEL_REF["ids"]), torch.from_numpy(MODEL_REF["mask"])
+    hidden = model(ids, mask)  # every position, padding included: positions count real tokens from pad + 1
+    assert (hidden - torch.from_numpy(MODEL_REF["hidden"])).abs().max() < 1e-5
+
+
+@torch.no_grad()
+def test_distilroberta_shaped_mlm_matches_hugging_face(roberta_folders):
+    model = common.Bert.from_pretrained(roberta_folders[1], mlm_head=True).eval()
+    ids, mask = torch.from_numpy(MODEL_REF["ids"]), torch.from_numpy(MODEL_REF["mask"])
+    logits = model.mlm_logits(model(ids, mask))
+    assert (logits - torch.from_numpy(MODEL_REF["logits"])).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_saved_folder_has_hugging_face_names_and_reloads(roberta_folders, which, tmp_path):
+    """Our folder holds the tensors of Hugging Face's (pooler aside), and config/tokenizer files it reads."""
+    src = roberta_folders[which]
+    merges = read_merges()[:50]
+    tok = common.BPETokenizer(bpe_vocab(merges), merges)
+    model = common.Bert.from_pretrained(src, mlm_head=bool(which), quiet=True).eval()
+    model.save_pretrained(tmp_path / "ours", tok)
+    theirs, ours = (common.read_safetensors(f / "model.safetensors") for f in (src, tmp_path / "ours"))
+    saved_by_hf = set(json.loads(str(MODEL_REF["saved_mlm" if which else "saved_base"])))
+    decoder_bias = {"lm_head.decoder.bias"} if which else set()  # for transformers 4.x, which ties from it
+    assert set(ours) == {k for k in saved_by_hf if not k.startswith("pooler.")} | decoder_bias
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    config = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert config["model_type"] == "roberta" and config["architectures"] == [
+        "RobertaForMaskedLM" if which else "RobertaModel"]
+    assert {k: config[k] for k in CONFIG_BASE if k in config} == {
+        k: v for k, v in (CONFIG_MLM if which else CONFIG_BASE).items() if k in config}
+    again = common.Tokenizer.from_pretrained(tmp_path / "ours")
+    assert (again.vocab, again.merges) == (tok.vocab, tok.merges)
+    tokenizer_config = json.loads((tmp_path / "ours" / "tokenizer_config.json").read_text())
+    assert tokenizer_config["tokenizer_class"] == "RobertaTokenizer" and tokenizer_config["model_max_length"] == 38
+    reloaded = common.Bert.from_pretrained(tmp_path / "ours", mlm_head=bool(which)).eval()
+    ids, mask = torch.from_numpy(MODEL_REF["ids"]), torch.from_numpy(MODEL_REF["mask"])
+    with torch.no_grad():
+        assert torch.equal(reloaded(ids, mask), model(ids, mask))
+
+
+def test_max_len_counts_the_position_offset(roberta_folders):
+    model = common.Bert.from_pretrained(roberta_folders[0], quiet=True)
+    assert model.cfg.max_tokens == CONFIG_BASE["max_position_embeddings"] - 2
+    common.check_positions(model, 38)
+    with pytest.raises(common.UserError, match="exceeds the model's 38 positions"):
+        common.check_positions(model, 39)
+
+
+def roberta_world(tmp):
+    """The tiny world of tiny_world.make_world with a 2-layer RoBERTa, a BPE of GPT-2's first 300 merges and a
+    DistilRoBERTa-shaped generator with an MLM head."""
+    import random
+    merges = read_merges()[:300]
+    tok = common.BPETokenizer(bpe_vocab(merges), merges)
+    for name, mlm_head in [("model", False), ("generator", True)]:
+        torch.manual_seed(len(name))
+        cfg = common.BertConfig.tiny(vocab_size=len(tok.vocab), model_type="roberta", pad_token_id=1,
+                                     type_vocab_size=1, max_position_embeddings=66, layer_norm_eps=1e-5)
+        common.Bert(cfg, mlm_head=mlm_head).save_pretrained(tmp / name, tok)
+    rng = random.Random(1)
+    (tmp / "train.txt").write_text("".join(sentence(rng).capitalize() + "\n" for _ in range(192)))  # 12 steps
+    return dict(model=str(tmp / "model"), generator=str(tmp / "generator"), data=str(tmp / "train.txt"),
+                senteval=str(make_senteval(tmp / "senteval")))
+
+
+@pytest.mark.parametrize("method", ["simcse", "esimcse", "simcsepp", "diffcse"])
+def test_each_method_trains_on_a_tiny_roberta(method, tmp_path):
+    module = importlib.import_module(f"{method}_min")
+    world = roberta_world(tmp_path)
+    fields = {f.name for f in dataclasses.fields(module.Config)}
+    values = dict(world, device="cpu", batch_size=16, max_steps=12, eval_every=1, lr=1e-3,
+                  out_dir=str(tmp_path / "out"))
+    results = module.train(module.Config(**{k: v for k, v in values.items() if k in fields}))
+    losses = [s["loss"] for _, s in results["stats_history"][1:]]
+    assert all(map(math.isfinite, losses)) and np.mean(losses[-3:]) < np.mean(losses[:3]), losses
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "roberta"
+    assert isinstance(common.Tokenizer.from_pretrained(tmp_path / "out"), common.BPETokenizer)
