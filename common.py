@@ -365,7 +365,7 @@ class Bert(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name_or_dir, mlm_head=False, dropout=None, quiet=False):
-        """A Hugging Face BERT/DistilBERT folder or known name; every tensor filled [nanoGPT]."""
+        """A BERT, DistilBERT or RoBERTa folder or known name; every tensor filled [nanoGPT]."""
         folder = resolve_model(name_or_dir)
         cfg, tensors, model_type = read_model_folder(folder)  # Part 2: config, weights, checked
         model = cls(cfg, mlm_head)
