@@ -40,8 +40,8 @@ def set_config(**kw):
     return edit
 
 
-def unfinished_run(tmp, world, name="unfinished"):
-    """A run stopped by SIGTERM at step 2 (checkpoint written), made in-process."""
+def unfinished_run(tmp, world, name="unfinished", steps=4):
+    """A run of `steps` stopped by SIGTERM at step 2 (checkpoint written), made in-process."""
     import signal
     import simcse_min
     out = Path(tmp) / name
@@ -55,7 +55,7 @@ def unfinished_run(tmp, world, name="unfinished"):
             signal.raise_signal(signal.SIGTERM)
     simcse_min.optimizer_step = step_then_signal
     try:
-        simcse_min.train(simcse_min.Config(**world, device="cpu", batch_size=8, max_steps=4, out_dir=str(out)))
+        simcse_min.train(simcse_min.Config(**world, device="cpu", batch_size=8, max_steps=steps, out_dir=str(out)))
     except SystemExit:
         pass
     finally:
@@ -227,6 +227,8 @@ def cases(tmp):
          2, False),
         ("a full disk (the checkpoint of the last step cannot be written)", "simcse", ["--resume", "FULL_DISK"], 2,
          False, {"fsize": 64_000}),
+        ("a full disk (the final model cannot be written; the last step's checkpoint stays)", "simcse",
+         ["--resume", "FULL_DISK_FINAL"], 2, False, {"fsize": 64_000}),
         ("--out_dir in use by a run that is still going (its lock held)", "simcse", ["--resume", "UNFINISHED"], 2,
          False, {"lock": "UNFINISHED"}),
         ("a corrupt token cache (rebuilt with a note, not an error)", "simcse",
@@ -307,6 +309,7 @@ def prepare(tmp, context):
         unfinished = unfinished_run(tmp, world)
         edited_run = unfinished_run(tmp, {**world, "data": str(edited)}, "edited_run")
         full_disk = unfinished_run(tmp, world, "full_disk")
+        full_disk_final = unfinished_run(tmp, world, "full_disk_final", steps=2)  # stopped at its last step
     edited.write_text(edited.read_text().replace("man", "cat", 1))  # same rows, another hash
     corrupt_token_cache(world, tmp / "cached.txt")
     corrupt = tmp / "corrupt"
@@ -314,7 +317,7 @@ def prepare(tmp, context):
     (corrupt / "checkpoint.pt").write_bytes(b"PK\x03\x04 not a whole checkpoint")
     best = "embeddings.word_embeddings.weight"
     return {"UNFINISHED": str(unfinished), "CORRUPT": str(corrupt), "EDITED_DATA": str(edited_run),
-            "FULL_DISK": str(full_disk),
+            "FULL_DISK": str(full_disk), "FULL_DISK_FINAL": str(full_disk_final),
             "BAD_TYPE": tampered(unfinished, tmp / "bad_type", lambda c: c["config"].update(lr="abc")),
             "BAD_STEP": tampered(unfinished, tmp / "bad_step", lambda c: c.update(step=10**9)),
             "BAD_SHAPE": tampered(unfinished, tmp / "bad_shape", lambda c: c["best"][2].update(

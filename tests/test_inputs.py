@@ -56,14 +56,18 @@ def test_every_bad_input_gives_one_line_and_its_exit_code(table, capsys, monkeyp
 
 
 def test_a_full_disk_is_one_line_and_the_last_checkpoint_stays(table):
+    """A checkpoint of a later step, or the final model, cannot be written: the previous checkpoint is intact."""
     rows, names, _ = table
-    (label, script, args, code, _, options), = [r for r in rows if len(r) > 5 and "fsize" in r[5]]
-    folder = Path(names["FULL_DISK"])
-    before = (folder / "checkpoint.pt").read_bytes()
-    got, stderr = run_cli(script, substitute(args, names), options)
-    assert got == code and "Traceback" not in stderr, stderr[-500:]
-    assert stderr.strip().splitlines()[-1].startswith("error: no room to write"), stderr[-300:]
-    assert (folder / "checkpoint.pt").read_bytes() == before and not list(folder.glob(".*.tmp"))
+    full = [r for r in rows if len(r) > 5 and "fsize" in r[5]]
+    assert [r[2][-1] for r in full] == ["FULL_DISK", "FULL_DISK_FINAL"]
+    for label, script, args, code, _, options in full:
+        folder = Path(names[args[-1]])
+        before = (folder / "checkpoint.pt").read_bytes()
+        got, stderr = run_cli(script, substitute(args, names), options)
+        assert got == code and "Traceback" not in stderr, stderr[-500:]
+        assert stderr.strip().splitlines()[-1].startswith("error: no room to write"), stderr[-300:]
+        assert (folder / "checkpoint.pt").read_bytes() == before and not list(folder.glob(".*.tmp"))
+        assert not (folder / "model.safetensors").exists(), label  # no partial model
 
 
 def test_long_lines_are_cut_and_said_once(tmp_path, capsys):
