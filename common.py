@@ -999,8 +999,8 @@ def read_model_folder(folder):
         raise CheckpointError(f"{folder}: config.json describes {needed:,} parameters but "
                               f"the weights hold {stored:,} numbers: they do not belong together")
     vocab = read_bpe(folder)[0] if (folder / "merges.txt").exists() else \
-        read_vocab(folder)[0] if (folder / "vocab.txt").exists() else {0: 0}
-    words = max(vocab.values()) + 1
+        read_vocab(folder)[0] if (folder / "vocab.txt").exists() else {}
+    words = max(vocab.values(), default=-1) + 1
     if words > cfg.vocab_size:  # a token id past the embedding rows would fail mid-training
         raise CheckpointError(f"{folder}: its vocabulary has {words} tokens but the embeddings "
                               f"have {cfg.vocab_size} rows (config.json vocab_size): it mixes two "
@@ -1093,9 +1093,8 @@ def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
     (folder / "1_Pooling").mkdir(parents=True, exist_ok=True)
     tensors = {f"{kind}." * (mlm and not n.startswith("mlm.")) + hf_name(n, kind): t.to(dtype)
                for n, t in model.state_dict().items()}  # *ForMaskedLM keys with an MLM head
-    if mlm:  # the MLM bias twice: transformers 4.x ties it from the decoder's copy
-        head = hf_name("mlm.bias", kind).removesuffix(".bias")
-        tensors[f"{head}.decoder.bias"] = tensors[f"{head}.bias"]
+    if mlm and kind == "roberta":  # transformers 4.x ties RoBERTa's MLM bias from this copy
+        tensors["lm_head.decoder.bias"] = tensors["lm_head.bias"]
     write_safetensors(folder / "model.safetensors", tensors)
     bpe = isinstance(tokenizer, BPETokenizer)
     specials = {f"{n}_token": t for n, t in zip("pad unk cls sep mask".split(),

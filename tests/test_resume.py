@@ -240,12 +240,7 @@ def test_a_second_signal_waits_for_the_checkpoint_being_written(world, tmp_path,
     out, module = tmp_path / "out", importlib.import_module("simcse_min")
     calls = signals_after_step(monkeypatch, module, 5, signal.SIGTERM)  # the first: a checkpoint after step 5
     signals_inside(monkeypatch, "rng_states", 1, when=lambda: len(calls) == 5)  # the second, while it is saved
-    with pytest.raises(SystemExit) as stop:
-        module.train(config("simcse", world, out))
-    assert stop.value.code == 128 + signal.SIGTERM and checkpoint_step(out) == 5
-    monkeypatch.undo()
-    module.train(config("simcse", world, out, resume=str(out)))
-    assert_same_run(uninterrupted("simcse"), out)
+    stops_at_then_resumes_identically(5, module, world, out, monkeypatch, uninterrupted)
 
 
 def test_a_second_run_on_a_live_out_dir_is_refused(world, tmp_path):
@@ -269,9 +264,15 @@ def test_a_second_signal_before_any_checkpoint_waits_for_one(world, tmp_path, un
     stops at the end of the step with a checkpoint, so nothing it did is lost."""
     out, module = tmp_path / "out", importlib.import_module("simcse_min")
     signals_after_step(monkeypatch, module, 2, signal.SIGTERM, signal.SIGINT)
+    stops_at_then_resumes_identically(2, module, world, out, monkeypatch, uninterrupted)
+
+
+def stops_at_then_resumes_identically(step, module, world, out, monkeypatch, uninterrupted):
+    """The run (signals already planted) exits 128 + SIGTERM with a checkpoint at `step`; resumed without them, it
+    ends as the uninterrupted run did."""
     with pytest.raises(SystemExit) as stop:
         module.train(config("simcse", world, out))
-    assert stop.value.code == 128 + signal.SIGTERM and checkpoint_step(out) == 2
+    assert stop.value.code == 128 + signal.SIGTERM and checkpoint_step(out) == step
     monkeypatch.undo()
     module.train(config("simcse", world, out, resume=str(out)))
     assert_same_run(uninterrupted("simcse"), out)

@@ -25,7 +25,7 @@ DIFF_BUDGET = {"esimcse_min.py": 100, "simcsepp_min.py": 100, "diffcse_min.py": 
 # 300; the file 1,450): CEILINGS stop them growing while issue 15 brings them down, and
 # test_common_parts_meet_the_style_targets says how far they are (it fails once they get there).
 PART_TARGETS = {"Part 1": 770, "Part 2": 550, "Part 3": 300, "common.py": 1450}
-CEILINGS = {"Part 1": 770, "Part 2": 1181, "Part 3": 400, "common.py": 2319}
+CEILINGS = {"Part 1": 770, "Part 2": 1180, "Part 3": 400, "common.py": 2318}
 ALLOWED = {"torch", "numpy", "scipy", "common"}
 
 
