@@ -543,10 +543,26 @@ class DevSet:
 
 # --- Loop pieces: seed, flags, precision, optimizer, one global batch over processes, the run -----
 
-def autocast(device):
-    """bf16 autocast on CUDA (no grad scaler needed); plain fp32 elsewhere [nanoGPT]."""
-    on_gpu = device.type == "cuda"
-    return torch.autocast("cuda", torch.bfloat16) if on_gpu else contextlib.nullcontext()
+class MixedPrecision:
+    """--precision: autocast in bf16 or fp16 around the encoder, or none (fp32). fp16 adds a
+    gradient scaler, as the official --fp16 runs do [HF Trainer]; bf16 needs none (Part 2 picks)."""
+
+    def __init__(self, name, device):
+        self.name, self.device_type = name, device.type  # name: bf16, fp16 or fp32
+        self.scaler = torch.amp.GradScaler(device.type, enabled=name == "fp16")  # else a no-op
+        self.skipped = 0  # fp16: steps skipped because a gradient overflowed
+
+    def autocast(self):
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.name)
+        return torch.autocast(self.device_type, dtype) if dtype else contextlib.nullcontext()
+
+    def state_dict(self):  # for the checkpoint
+        return {"name": self.name, "skipped": self.skipped, "scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, state):  # saved in another precision: the scaler starts afresh
+        self.skipped = int(state["skipped"])
+        if self.scaler.is_enabled() and state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])
 
 
 def upcast(x):
@@ -561,12 +577,18 @@ def make_optimizer(params, lr, total_steps, device):
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / total_steps))
 
 
-def optimizer_step(loss, opt, sched, max_grad_norm=1.0):
-    """backward, clip the global gradient norm at 1.0 [official: HF Trainer], step, zero."""
-    loss.backward()
+def optimizer_step(loss, opt, sched, amp, max_grad_norm=1.0):
+    """backward, clip the global gradient norm at 1.0 [official: HF Trainer], step, zero. fp16: the
+    loss is scaled for backward and the gradients unscaled before clipping; a step whose gradients
+    overflowed is skipped (counted) and the scale halves [torch.amp recipe]. Else no-ops."""
+    amp.scaler.scale(loss).backward()
+    amp.scaler.unscale_(opt)  # the true gradients, before clipping
     nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], max_grad_norm)
-    opt.step()
-    sched.step()
+    scale = amp.scaler.get_scale()
+    amp.scaler.step(opt)  # fp16: skipped if a gradient is inf or NaN
+    amp.scaler.update()
+    amp.skipped += amp.scaler.get_scale() < scale  # only an overflow lowers the scale
+    sched.step()  # the schedule follows the step count, skipped or not [official: HF Trainer 4.2]
     opt.zero_grad(set_to_none=True)
 
 
@@ -605,6 +627,9 @@ class Run:
         self.log(f"{method} | {script} sha256 {sha256_file(script)[:16]} | torch "
                  f"{torch.__version__} | {self.device}{procs}")
         self.log("config " + json.dumps(dataclasses.asdict(cfg)))
+        precision, why = choose_precision(cfg.precision, self.device)  # Part 2
+        self.amp = MixedPrecision(precision, self.device)
+        self.log(f"precision {precision}: {why}")
         with rank0_first():  # rank 0 downloads, the others read what it wrote
             self.senteval = resolve_senteval(cfg.senteval)
         load_sts(self.senteval, "test")  # parsed now: a malformed test file fails before training
@@ -682,8 +707,12 @@ class Run:
         if time.time() - self.last_print > 10:
             rate = (step - self.first_step) / (time.time() - self.started)
             self.last_print = time.time()
-            self.log(f"step {step}/{self.total} | {format_stats(stats)} | {rate:.2f} steps/s | eta "
+            self.log(f"step {step}/{self.total} | {self.stats(stats)} | {rate:.2f} steps/s | eta "
                      f"{(self.total - step) / rate / 60:.1f} min")
+
+    def stats(self, stats):  # "loss 0.1234 | rtd 0.5678", fp16: "| skipped 2" (steps overflowed)
+        skipped = f" | skipped {self.amp.skipped}" if self.amp.scaler.is_enabled() else ""
+        return format_stats(stats) + skipped
 
     def evaluate(self, step, model, stats):
         """STS-B dev Spearman of the raw [CLS], logged; rank 0 evaluates (NaN elsewhere)."""
@@ -697,7 +726,7 @@ class Run:
         best, at = (dev, step) if dev > self.best_dev else (self.best_dev, self.best_step)
         seconds, steps = time.time() - self.started, step - self.first_step
         pace = f"{1000 * seconds / steps:.0f} ms/step" if steps else f"start-up {seconds:.1f} s"
-        self.log(f"step {step} | {format_stats(stats)} | stsb_dev {dev:.2f} | align {align:.4f} "
+        self.log(f"step {step} | {self.stats(stats)} | stsb_dev {dev:.2f} | align {align:.4f} "
                  f"uniform {uniform:.4f} | best {best:.2f} @ {at} | {pace}")
         return dev
 
@@ -1352,6 +1381,25 @@ def resolve_device(name):
     return torch.device(name)
 
 
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+
+
+def choose_precision(asked, device):
+    """--precision -> (bf16, fp16 or fp32, why). auto: bf16 where the GPU computes it natively
+    (Ampere on); fp16 with a loss scaler on older GPUs (T4, V100, P100), which emulate bf16 slowly
+    or not at all (torch < 2.3) [official: --fp16]; fp32 off CUDA, as a CPU gains nothing."""
+    if device.type != "cuda":
+        return ("fp32", f"auto on {device.type}") if asked == "auto" else (asked, "asked for")
+    gpu = torch.cuda.get_device_name(device)
+    if torch.cuda.is_bf16_supported(including_emulation=False):
+        return ("bf16", f"auto: {gpu} has native bf16") if asked == "auto" else (asked, "asked for")
+    if asked == "bf16":
+        raise UserError(f"--precision bf16: the {gpu} has no native bf16 (torch would emulate it, "
+                        f"slowly, or fail); use --precision fp16 or auto")
+    why = f"auto: the {gpu} has no native bf16, so fp16 with a loss scaler (the official recipe)"
+    return ("fp16", why) if asked == "auto" else (asked, "asked for")
+
+
 SHARED_CHECKS = {  # flag -> its interval ('[' includes the bound, '(' excludes it)
     "seed": "[0, 4294967296)", "batch_size": "[2, inf)", "max_len": "[3, inf)", "lr": "(0, 1)",
     "epochs": "[1, inf)", "max_steps": "[0, inf)", "temp": "(0, inf)", "eval_every": "[1, inf)",
@@ -1378,6 +1426,8 @@ def check_inputs(cfg, models, world_size=1):
     values = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     problems += [f"--{k} {v}: must be a finite number" for k, v in values.items()
                  if type(v) is float and k not in checks and not math.isfinite(v)]
+    if cfg.precision not in PRECISIONS:
+        problems.append(f"--precision {cfg.precision}: choose {', '.join(PRECISIONS)}")
     if cfg.batch_size % world_size:
         problems.append(f"--batch_size {cfg.batch_size} is the global batch and must split evenly "
                         f"over {world_size} processes")
@@ -1502,6 +1552,8 @@ def main_guard(fn, *args):
     never a traceback. Under torchrun the process group ends after a normal return."""
     # a Spearman of constant input (a collapsed model, one gold score) is NaN: logged, never best
     warnings.filterwarnings("ignore", category=scipy.stats.ConstantInputWarning)
+    # fp16: a first step skipped for overflow still steps the schedule, as HF Trainer 4.2 does
+    warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step()` before")
     try:
         result = fn(*args)
     except OSError as e:
@@ -1654,13 +1706,13 @@ def read_resumed_run(cfg, method):
     ckpt = load_checkpoint(out / "checkpoint.pt")
     if ckpt.get("method") != method:
         raise UserError(f"--resume {cfg.resume} holds a {ckpt.get('method')} run, not {method}")
-    for f in dataclasses.fields(cfg):  # device, SentEval folder and save_every may change
+    for f in dataclasses.fields(cfg):  # device, precision, SentEval folder, save_every may change
         given, saved = getattr(cfg, f.name), ckpt["config"].get(f.name, f.default)
         if type(saved) is not type(f.default) and {type(saved), type(f.default)} != {int, float}:
             raise CheckpointError(f"{out / 'checkpoint.pt'}: its config has {f.name}={saved!r}, "
                                   f"not a {type(f.default).__name__}")
         if f.name in ("resume", "overwrite", "out_dir") or (
-                f.name in ("device", "senteval", "save_every") and given != f.default):
+                f.name in ("device", "precision", "senteval", "save_every") and given != f.default):
             continue
         if given != f.default and given != saved:
             raise UserError(f"--{f.name} {given} contradicts the resumed run's {saved}: a resumed "
@@ -1680,7 +1732,7 @@ def load_checkpoint(path):
         raise CheckpointError(f"{path} is not a readable checkpoint ({type(e).__name__})") from None
     if not (isinstance(ckpt, dict) and isinstance(ckpt.get("config"), dict)):
         raise CheckpointError(f"{path} is not a checkpoint of this program")
-    if ckpt.get("format") != 3:  # 3: + the data's SHA-256 and the step's stats
+    if ckpt.get("format") != 4:  # 4: + the precision and its loss scaler
         raise CheckpointError(f"{path} was written by an older simcse-min (format "
                               f"{ckpt.get('format')!r}); start the run again")
     return ckpt
@@ -1694,8 +1746,12 @@ def state_of(obj):
     return list(obj)
 
 
-def restore_state(obj, state, device, model):
-    """The inverse of state_of, in place; tensors that do not fit `model` are a ValueError."""
+def restore_state(obj, state, device, model, seed):
+    """The inverse of state_of, in place -> '', or a note on what could not be restored (a masking
+    generator saved on another kind of device: seeded from `seed`). Misfits are a ValueError."""
+    if isinstance(obj, torch.Generator) and state.shape != obj.get_state().shape:
+        obj.manual_seed(seed)  # deterministic: the same resume draws the same
+        return f"the generator state saved is not a {obj.device.type} one: seeded from {seed}"
     for put in ("load_state_dict", "set_state", "setstate"):
         if hasattr(obj, put):
             getattr(obj, put)(state)
@@ -1708,6 +1764,7 @@ def restore_state(obj, state, device, model):
     for p, values in getattr(obj, "state", {}).items():  # an optimizer: moments shaped as params
         if any(torch.is_tensor(v) and v.dim() and v.shape != p.shape for v in values.values()):
             raise ValueError("optimizer moments that do not fit the parameters")
+    return ""
 
 
 def rng_states():
@@ -1720,15 +1777,25 @@ def rng_states():
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
 
 
-def set_rng_states(states):
-    """The inverse of rng_states."""
+def set_rng_states(states, device, seed):
+    """The inverse of rng_states -> a note, or '' if the generators `device` draws from are as they
+    were. Saved where more GPUs were visible: the others' states are not needed. A CUDA generator
+    with no saved state (saved on the CPU or fewer GPUs) is seeded from `seed` instead."""
     version, mt, gauss = states["python"]
     random.setstate((version, tuple(mt.tolist()), gauss))
     kind, key, pos, has_gauss, cached = states["numpy"]
     np.random.set_state((kind, key.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(states["torch"])
-    if states["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for i, state in enumerate(states["cuda"][:visible]):
+        torch.cuda.set_rng_state(state, i)
+    if device.type != "cuda" or (torch.cuda.current_device() if device.index is None else
+                                 device.index) < len(states["cuda"]):
+        return ""
+    torch.cuda.manual_seed(seed)  # deterministic: the same resume draws the same masks
+    return (f"the checkpoint holds {len(states['cuda'])} GPU generator state(s), none for "
+            f"{device}: its dropout masks are drawn from seed {seed} (reproducible, but not the "
+            f"masks of an uninterrupted run)")
 
 
 def save_checkpoint(run, step, saved, stats):
@@ -1737,8 +1804,9 @@ def save_checkpoint(run, step, saved, stats):
         return
     run.saving = True  # a second signal waits for the checkpoint to be whole
     try:
-        state = {"format": 3, "method": run.method, "step": step, "total": run.total,
+        state = {"format": 4, "method": run.method, "step": step, "total": run.total,
                  "rows": run.n_rows, "data_sha256": run.data_sha256, "rng": rng_states(),
+                 "device": run.device.type,
                  "config": dataclasses.asdict(run.cfg),
                  "stats": {k: float(v) for k, v in stats.items()},
                  "objects": {k: state_of(v) for k, v in saved.items() if v is not None},
@@ -1761,10 +1829,16 @@ def restore_checkpoint(run, saved):
     if (ckpt.get("rows"), ckpt.get("total")) != (run.n_rows, run.total):
         raise UserError(f"--resume {run.out}: the data has {run.n_rows} rows / {run.total} steps "
                         f"now but {ckpt.get('rows')} / {ckpt.get('total')} in the checkpoint")
+    seed, was = run.cfg.seed + 1000 * ckpt.get("step", 0), ckpt.get("device")  # for reseeding
+    notes = [f"saved on {was}, continued on {run.device.type}: the arithmetic and random draws "
+             f"differ from an uninterrupted run's"] if was != run.device.type else []
     try:  # every value checked here, before any training: a bad one is one line, not a traceback
         for name, obj in saved.items():
             if obj is not None:
-                restore_state(obj, ckpt["objects"][name], run.device, saved["model"])
+                notes.append(restore_state(obj, ckpt["objects"][name], run.device, saved["model"],
+                                           seed))
+        if ckpt["objects"]["amp"]["name"] != run.amp.name:
+            notes += [f"saved in {ckpt['objects']['amp']['name']}, continued in {run.amp.name}"]
         run.best_dev, run.best_step, best = ckpt["best"]
         if not (type(ckpt["step"]) is int and 0 < ckpt["step"] <= run.total and
                 type(run.best_dev) is float and type(run.best_step) is int and
@@ -1776,7 +1850,7 @@ def restore_checkpoint(run, saved):
             raise ValueError("the best state does not fit the model")
         run.best_state = best and {k: v.to(run.device) for k, v in best.items()}
         run.dev_history, run.stats_history, run.align_uniform = ckpt["histories"]
-        set_rng_states(ckpt["rng"])  # last: nothing after this draws
+        notes += [set_rng_states(ckpt["rng"], run.device, seed)]  # last: nothing after it draws
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as e:
         raise CheckpointError(f"{path} does not fit this run ({type(e).__name__}: "
                               f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
@@ -1785,6 +1859,8 @@ def restore_checkpoint(run, saved):
     run.first_step = ckpt["step"]
     run.log(f"resumed from {path} at step {ckpt['step']}/{run.total} (best {run.best_dev:.2f} @ "
             f"{run.best_step})")
+    for note in filter(None, notes):
+        run.log(f"note: {note}")
     return ckpt["step"], ckpt.get("stats", {})  # the stats of that step: its evaluation logs them
 
 

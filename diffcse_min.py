@@ -18,8 +18,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (Run, all_gather, autocast, exit_on_signal, main_guard, make_optimizer,
-                    optimizer_step, parse_args, save_checkpoint, shard, signal_received, upcast)
+from common import (Run, all_gather, exit_on_signal, main_guard, make_optimizer, optimizer_step,
+                    parse_args, save_checkpoint, shard, signal_received, upcast)
 from common import Bert, Tokenizer, UserError, rank0_first, resolve_model
 
 
@@ -31,6 +31,7 @@ class Config:
     model: str = "bert-base-uncased"  # a model folder or known name [every paper]
     senteval: str = ""  # SentEval folder; empty: ./SentEval/data/downstream, the cache, a download
     device: str = "auto"  # auto, cpu, cuda or mps
+    precision: str = "auto"  # auto: bf16 where the GPU has it, else fp16 + a loss scaler; CPU: fp32
     seed: int = 42  # [official run_unsup_example.sh]
     batch_size: int = 64  # sentences per step [every paper, BERT-base]
     max_len: int = 32  # training length in tokens, [CLS] and [SEP] included [official code]
@@ -134,15 +135,16 @@ def info_nce(h1, h2, temp):
     return F.cross_entropy(logits, torch.arange(len(h1), device=h1.device))
 
 
-def rtd_loss(logits, labels):
-    """RTD = -1/(N·L) sum_nt log softmax(logits_nt)[labels_nt], logits [N, L, 2]. subtle: a mean
-    over ALL positions, padding included (label 0), as the official code; the paper: real ones."""
-    return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+def rtd_loss(logits, labels, mask):
+    """RTD = mean CE over the N·W positions up to the longest sentence (W; --compile pads past it).
+    subtle: padding counts (label 0) as in the official code, which pads to W; paper: real ones."""
+    nll = F.cross_entropy(logits.transpose(1, 2), labels, reduction="none")  # [N, L]
+    return (nll * mask.any(0)).sum() / (len(nll) * mask.any(0).sum())  # mask.any(0): columns < W
 
 
 def loss_fn(h, logits, labels, mask, temp, lambda_rtd):
     """h [2, B, H]; logits [2B, L, 2], labels, mask [2B, L] -> (loss, stats with RTD accuracies)."""
-    rtd = rtd_loss(logits, labels)
+    rtd = rtd_loss(logits, labels, mask)
     loss = info_nce(h[0], h[1], temp) + lambda_rtd * rtd
     pred, real = logits.detach().argmax(-1), mask.bool()
     replaced, kept = real & (labels == 1), real & (labels == 0)
@@ -185,7 +187,7 @@ def train(cfg):
     params = [*model.parameters(), *head.parameters()]
     params += disc.parameters()  # DiffCSE: the discriminator trains too
     opt, sched = make_optimizer(params, cfg.lr, total, run.device)
-    saved = dict(model=model, head=head, opt=opt, sched=sched)  # what a checkpoint holds
+    saved = dict(model=model, head=head, opt=opt, sched=sched, amp=run.amp)  # in a checkpoint
     saved.update(disc=disc, gen=gen)  # DiffCSE
     run.compile(model)
     start, stats = run.start(saved)  # 0, or the --resume checkpoint's step, all as it was then
@@ -207,11 +209,11 @@ def train(cfg):
                 run.keep_best(step, dev, model)  # in memory; the final test table uses it
         if step == total:
             break
-        with autocast(run.device):
+        with run.amp.autocast():  # bf16 or fp16 autocast, or none (fp32)
             loss, stats = train_step(model, head, *next(batches), cfg, disc, generator, tok, gen)
         if not math.isfinite(loss.item()):  # stop, keeping the best model so far: exit status 3
             raise run.stop_non_finite(step + 1, loss.item(), model, tok)
-        optimizer_step(loss, opt, sched)
+        optimizer_step(loss, opt, sched, run.amp)
         run.log_progress(step + 1, stats)
     return run.finish(model, tok)
 

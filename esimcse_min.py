@@ -22,8 +22,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (Run, all_gather, autocast, exit_on_signal, main_guard, make_optimizer,
-                    optimizer_step, parse_args, save_checkpoint, shard, signal_received, upcast)
+from common import (Run, all_gather, exit_on_signal, main_guard, make_optimizer, optimizer_step,
+                    parse_args, save_checkpoint, shard, signal_received, upcast)
 from common import pad_ids  # ESimCSE
 
 
@@ -35,6 +35,7 @@ class Config:
     model: str = "bert-base-uncased"  # a model folder or known name [every paper]
     senteval: str = ""  # SentEval folder; empty: ./SentEval/data/downstream, the cache, a download
     device: str = "auto"  # auto, cpu, cuda or mps
+    precision: str = "auto"  # auto: bf16 where the GPU has it, else fp16 + a loss scaler; CPU: fp32
     seed: int = 42  # [official run_unsup_example.sh]
     batch_size: int = 64  # sentences per step [every paper, BERT-base]
     max_len: int = 32  # training length in tokens, [CLS] and [SEP] included [official code]
@@ -57,7 +58,7 @@ class Config:
 
 # ---- Views
 
-def repeat_subwords(ids, mask, dup_rate, rng):
+def repeat_subwords(ids, mask, dup_rate, rng, width=None):
     """ids, mask [B, L] -> [B, L'], dup_len of positions 1..L-2 written twice [paper §3.1; official
     train.py; Eq. 3 says randrange(max(2, ...))]. [impl] Drawn every step, not once per sentence."""
     index = []
@@ -65,13 +66,15 @@ def repeat_subwords(ids, mask, dup_rate, rng):
         k = int(dup_rate * n)
         dup = rng.sample(range(1, n - 1), min(rng.randrange(min(10, k)), n - 2)) if k > 0 else []
         index.append(sorted([*range(n), *dup]))  # each chosen position twice: [0, 1, 1, 2, ...]
-    index, new_mask = (t.to(ids.device) for t in pad_ids(index, 0))  # [B, L'] each
+    index, new_mask = (t.to(ids.device) for t in pad_ids(index, 0, width))  # [B, L'] each
     return ids.gather(1, index) * new_mask, new_mask  # re-padded with 0, BERT's [PAD]
 
 
-def make_views(ids, mask, dup_rate, rng):
-    """[B, 1, L] -> [2B, L'], view-major: the sentences, then their repeats, padded to one width."""
-    repeated = repeat_subwords(ids[:, 0], mask[:, 0], dup_rate, rng)  # ids, mask [B, L'] each
+def make_views(ids, mask, dup_rate, rng, fixed=False):
+    """[B, 1, L] -> [2B, L'], view-major: the sentences, then their repeats, padded to one width
+    (fixed, for --compile: L + 9, the most repeats, so that every step has one shape)."""
+    width = ids.size(2) + 9 if fixed else None  # 9: randrange(10) below
+    repeated = repeat_subwords(ids[:, 0], mask[:, 0], dup_rate, rng, width)  # [B, L'] each
     pad = (0, repeated[0].size(1) - ids.size(2))
     return tuple(torch.cat([F.pad(x[:, 0], pad), r]) for x, r in zip((ids, mask), repeated))
 
@@ -101,9 +104,7 @@ def momentum_encoder(model):
 @torch.no_grad()
 def momentum_update(momentum, model, mu):
     """θ_m <- μ·θ_m + (1 - μ)·θ [paper Eq. 5], once per step, after the optimizer step."""
-    params = list(momentum.parameters())
-    torch._foreach_mul_(params, mu)
-    torch._foreach_add_(params, torch._foreach_mul(list(model.parameters()), 1 - mu))
+    torch._foreach_lerp_(list(momentum.parameters()), list(model.parameters()), 1 - mu)
 
 # ---- Loss
 
@@ -129,7 +130,7 @@ def loss_fn(h, queue, temp):
 def train_step(model, head, ids, mask, cfg, momentum, queue, rng):
     """One pass over both views stacked; the momentum vectors then join the queue [official]."""
     B = ids.size(0)
-    views = [shard(v, views=2) for v in make_views(ids, mask, cfg.dup_rate, rng)]  # [2b, L']
+    views = [shard(v, views=2) for v in make_views(ids, mask, cfg.dup_rate, rng, cfg.compile)]
     ids, mask = shard(ids), shard(mask)  # [b, C, L]: this process's rows (one process: all B)
     cls = model(*views, cls_only=True)[:, 0]  # [V*b, H]
     h = all_gather(head(cls), views=len(cls) // len(ids)).view(-1, B, cls.size(-1))  # [V, B, H]
@@ -154,7 +155,7 @@ def train(cfg):
     params = [*model.parameters(), *head.parameters()]
     opt, sched = make_optimizer(params, cfg.lr, total, run.device)
     rng, queue = random.Random(cfg.seed), collections.deque(maxlen=cfg.queue_size)  # ESimCSE
-    saved = dict(model=model, head=head, opt=opt, sched=sched)  # what a checkpoint holds
+    saved = dict(model=model, head=head, opt=opt, sched=sched, amp=run.amp)  # in a checkpoint
     saved.update(momentum=momentum, queue=queue, rng=rng)  # ESimCSE
     run.compile(model)
     start, stats = run.start(saved)  # 0, or the --resume checkpoint's step, all as it was then
@@ -176,11 +177,11 @@ def train(cfg):
             break
         if step % run.per_epoch == 0:  # ESimCSE: the queue starts empty every epoch [official code]
             queue.clear()
-        with autocast(run.device):
+        with run.amp.autocast():  # bf16 or fp16 autocast, or none (fp32)
             loss, stats = train_step(model, head, *next(batches), cfg, momentum, queue, rng)
         if not math.isfinite(loss.item()):  # stop, keeping the best model so far: exit status 3
             raise run.stop_non_finite(step + 1, loss.item(), model, tok)
-        optimizer_step(loss, opt, sched)
+        optimizer_step(loss, opt, sched, run.amp)
         if momentum is not None:  # ESimCSE: θ_m <- μ·θ_m + (1 - μ)·θ, after the step
             momentum_update(momentum, model, cfg.momentum)
         run.log_progress(step + 1, stats)

@@ -19,8 +19,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (Run, all_gather, autocast, exit_on_signal, main_guard, make_optimizer,
-                    optimizer_step, parse_args, save_checkpoint, shard, signal_received, upcast)
+from common import (Run, all_gather, exit_on_signal, main_guard, make_optimizer, optimizer_step,
+                    parse_args, save_checkpoint, shard, signal_received, upcast)
 
 
 # ---- Config
@@ -31,6 +31,7 @@ class Config:
     model: str = "bert-base-uncased"  # a model folder or known name [every paper]
     senteval: str = ""  # SentEval folder; empty: ./SentEval/data/downstream, the cache, a download
     device: str = "auto"  # auto, cpu, cuda or mps
+    precision: str = "auto"  # auto: bf16 where the GPU has it, else fp16 + a loss scaler; CPU: fp32
     seed: int = 42  # [official run_unsup_example.sh]
     batch_size: int = 64  # sentences per step [every paper, BERT-base]
     max_len: int = 32  # training length in tokens, [CLS] and [SEP] included [official code]
@@ -117,7 +118,7 @@ def train(cfg):
     total = run.total_steps(len(data))
     params = [*model.parameters(), *head.parameters()]
     opt, sched = make_optimizer(params, cfg.lr, total, run.device)
-    saved = dict(model=model, head=head, opt=opt, sched=sched)  # what a checkpoint holds
+    saved = dict(model=model, head=head, opt=opt, sched=sched, amp=run.amp)  # in a checkpoint
     run.compile(model)
     start, stats = run.start(saved)  # 0, or the --resume checkpoint's step, all as it was then
     model, head = run.ddp(model), run.ddp(head)
@@ -136,11 +137,11 @@ def train(cfg):
                 run.keep_best(step, dev, model)  # in memory; the final test table uses it
         if step == total:
             break
-        with autocast(run.device):
+        with run.amp.autocast():  # bf16 or fp16 autocast, or none (fp32)
             loss, stats = train_step(model, head, *next(batches), cfg)
         if not math.isfinite(loss.item()):  # stop, keeping the best model so far: exit status 3
             raise run.stop_non_finite(step + 1, loss.item(), model, tok)
-        optimizer_step(loss, opt, sched)
+        optimizer_step(loss, opt, sched, run.amp)
         run.log_progress(step + 1, stats)
     return run.finish(model, tok)
 

@@ -157,6 +157,7 @@ def cases(tmp):
         ("model: model.safetensors header garbage", "simcse", base + data + ["--model", models["garbage"]], 2, True),
         ("--max_len beyond the model's positions", "simcse", base + data + ["--max_len", "100"], 2, True),
         ("--device cuda without a GPU", "simcse", base + data + ["--device", "cuda"], 2, True),
+        ("--precision fp8 (no such precision)", "simcse", base + data + ["--precision", "fp8"], 2, True),
         ("--lr abc (not a number)", "simcse", base + data + ["--lr", "abc"], 2, True),
         ("data is a FIFO (would never end)", "simcse", base + ["--data", str(tmp / "fifo")], 2, True),
         ("data is a character device (/dev/zero)", "simcse", base + ["--data", "/dev/zero"], 2, True),

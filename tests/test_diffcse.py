@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import common
 import diffcse_min
-from common import Bert, BertConfig, CheckpointError, make_optimizer, optimizer_step
+from common import Bert, BertConfig, CheckpointError, MixedPrecision, make_optimizer, optimizer_step
 from diffcse_min import (BNProjector, Config, Discriminator, corrupt, info_nce, load_generator, loss_fn, mask_tokens,
                          rtd_loss, train_step)
 
@@ -38,12 +38,34 @@ def test_rtd_loss_equals_loop_and_gradcheck():
     torch.manual_seed(0)
     logits = torch.randn(3, 5, 2, dtype=torch.double, requires_grad=True)
     labels = torch.randint(0, 2, (3, 5))
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0]])  # the longest row: all 5 columns
     ref = sum(-torch.log_softmax(logits[n, t], -1)[labels[n, t]] for n in range(3) for t in range(5)) / 15
-    torch.testing.assert_close(rtd_loss(logits, labels), ref)
-    g, = torch.autograd.grad(rtd_loss(logits, labels), logits)
+    torch.testing.assert_close(rtd_loss(logits, labels, mask), ref)
+    g, = torch.autograd.grad(rtd_loss(logits, labels, mask), logits)
     g_ref, = torch.autograd.grad(ref, logits)
     torch.testing.assert_close(g, g_ref)
-    assert torch.autograd.gradcheck(lambda x: rtd_loss(x, labels), (logits,))
+    assert torch.autograd.gradcheck(lambda x: rtd_loss(x, labels, mask), (logits,))
+
+
+def test_rtd_loss_is_unchanged_by_padding_past_the_longest_sentence():
+    """--compile pads every batch to max_len: the extra columns (whatever their logits) must not move the
+    loss, which stays the official mean over N x (longest sentence), padding within it included."""
+    torch.manual_seed(0)
+    logits, labels = torch.randn(4, 6, 2, dtype=torch.double), torch.randint(0, 2, (4, 6))
+    mask = (torch.arange(6) < torch.tensor([[6], [3], [5], [2]])).long()
+    labels = labels * mask
+    padded = torch.cat([logits, torch.randn(4, 10, 2, dtype=torch.double)], 1)  # 10 more columns
+    padded_labels, padded_mask = (torch.cat([t, torch.zeros(4, 10, dtype=t.dtype)], 1) for t in (labels, mask))
+    loss = rtd_loss(logits, labels, mask)
+    torch.testing.assert_close(rtd_loss(padded, padded_labels, padded_mask), loss, rtol=1e-14, atol=0)
+    torch.testing.assert_close(loss, F.cross_entropy(logits.flatten(0, 1), labels.flatten()))  # the official mean
+    h = torch.randn(2, 2, 8, dtype=torch.double)
+    (a, stats_a), (b, stats_b) = (loss_fn(h, *x, 0.05, 0.1) for x in [(logits, labels, mask),
+                                                                    (padded, padded_labels, padded_mask)])
+    torch.testing.assert_close(a, b, rtol=1e-14, atol=0)
+    assert stats_a.keys() == stats_b.keys()
+    for k in stats_a:
+        torch.testing.assert_close(stats_a[k], stats_b[k], rtol=1e-14, atol=0)
 
 
 def test_lambda_zero_is_info_nce_and_stats_count_real_tokens():
@@ -56,7 +78,8 @@ def test_lambda_zero_is_info_nce_and_stats_count_real_tokens():
     loss, stats = loss_fn(h, logits, labels, mask, 0.05, 0.0)
     torch.testing.assert_close(loss, info_nce(h[0], h[1], 0.05))
     loss1, _ = loss_fn(h, logits, labels, mask, 0.05, 0.5)
-    torch.testing.assert_close(loss1, loss + 0.5 * F.cross_entropy(logits.view(-1, 2), labels.view(-1)))
+    official = F.cross_entropy(logits[:, :4].flatten(0, 1), labels[:, :4].flatten())  # padded to the longest: 4
+    torch.testing.assert_close(loss1, loss + 0.5 * official)
     pred, real = logits.argmax(-1), mask.bool()
     rep, kept = real & (labels == 1), real & (labels == 0)
     assert stats["acc_replaced"] == pytest.approx((pred[rep] == 1).float().mean().item())
@@ -132,7 +155,7 @@ def test_generator_frozen_over_a_training_step():
     loss, _ = train_step(model, head, ids[:, None], mask[:, None], Config(), disc, generator, TOK,
                          torch.Generator().manual_seed(0))
     enc_before = copy.deepcopy(model.state_dict())
-    optimizer_step(loss, opt, sched)
+    optimizer_step(loss, opt, sched, MixedPrecision("fp32", torch.device("cpu")))
     assert all(not p.requires_grad and p.grad is None for p in generator.parameters())
     assert all(torch.equal(before[k], v) for k, v in generator.state_dict().items())
     assert any(not torch.equal(enc_before[k], v) for k, v in model.state_dict().items()), "the encoder did not move"

@@ -108,7 +108,7 @@ def test_a_queue_entry_of_another_width_is_refused():
     import collections
     import torch
     model, queue = common.Bert(common.BertConfig.tiny()), collections.deque()
-    common.restore_state(queue, [torch.zeros(32)], "cpu", model)  # the model's width: restored
+    common.restore_state(queue, [torch.zeros(32)], "cpu", model, 0)  # the model's width: restored
     assert len(queue) == 1
     with pytest.raises(ValueError, match="width"):
-        common.restore_state(queue, [torch.zeros(31)], "cpu", model)
+        common.restore_state(queue, [torch.zeros(31)], "cpu", model, 0)

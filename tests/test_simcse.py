@@ -99,7 +99,7 @@ def test_loss_falls_on_a_repeated_batch():
         loss, _ = train_step(model, head, ids, mask, cfg)
         assert torch.isfinite(loss)
         losses.append(loss.item())
-        common.optimizer_step(loss, opt, sched)
+        common.optimizer_step(loss, opt, sched, common.MixedPrecision("fp32", torch.device("cpu")))
     assert max(losses[-10:]) < math.log(16) - 1.0, losses  # well below chance, log B
 
 
