@@ -293,6 +293,7 @@ class Layer(nn.Module):
         self.ffn_in, self.ffn_out = nn.Linear(H, I), nn.Linear(I, H)
         self.ffn_norm = nn.LayerNorm(H, eps=eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.attn_out_dropout = cfg.model_type != "distilbert"  # DistilBERT has none there [HF]
 
     def forward(self, x, keep, cls_only=False):  # x [B, L, H], keep [B, 1, 1, L] bool (a token)
         """-> [B, L, H]; cls_only: [B, 1, H], the [CLS] row alone (its query; keys, values all)."""
@@ -303,7 +304,7 @@ class Layer(nn.Module):
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=keep,
                                            dropout_p=self.attn_p if self.training else 0.0)
         a = self.attn_out(a.transpose(1, 2).reshape(B, -1, H))  # [B, Q, H]
-        x = self.attn_norm(rows + self.dropout(a))
+        x = self.attn_norm(rows + (self.dropout(a) if self.attn_out_dropout else a))
         return self.ffn_norm(x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(x)))))  # erf GELU
 
 
@@ -651,8 +652,7 @@ class Run:
             tok = Tokenizer.from_pretrained(self.cfg.model)
             model = Bert.from_pretrained(self.cfg.model, mlm_head, self.cfg.dropout, self.rank > 0)
         check_positions(model, self.cfg.max_len)  # Part 2: --max_len against the model
-        self.tok = tok
-        return tok, model.to(self.device)
+        return tok, model  # on the CPU: the train() of each method moves it
 
     def load_data(self, tok, one_column=False):
         """The training file, tokenized once ([CLS] and [SEP] in max_len); the STS-B dev set."""
@@ -707,12 +707,8 @@ class Run:
         if time.time() - self.last_print > 10:
             rate = (step - self.first_step) / (time.time() - self.started)
             self.last_print = time.time()
-            self.log(f"step {step}/{self.total} | {self.stats(stats)} | {rate:.2f} steps/s | eta "
-                     f"{(self.total - step) / rate / 60:.1f} min")
-
-    def stats(self, stats):  # "loss 0.1234 | rtd 0.5678", fp16: "| skipped 2" (steps overflowed)
-        skipped = f" | skipped {self.amp.skipped}" if self.amp.scaler.is_enabled() else ""
-        return format_stats(stats) + skipped
+            self.log(f"step {step}/{self.total} | {format_stats(stats, self.amp)} | {rate:.2f} "
+                     f"steps/s | eta {(self.total - step) / rate / 60:.1f} min")
 
     def evaluate(self, step, model, stats):
         """STS-B dev Spearman of the raw [CLS], logged; rank 0 evaluates (NaN elsewhere)."""
@@ -726,8 +722,8 @@ class Run:
         best, at = (dev, step) if dev > self.best_dev else (self.best_dev, self.best_step)
         seconds, steps = time.time() - self.started, step - self.first_step
         pace = f"{1000 * seconds / steps:.0f} ms/step" if steps else f"start-up {seconds:.1f} s"
-        self.log(f"step {step} | {self.stats(stats)} | stsb_dev {dev:.2f} | align {align:.4f} "
-                 f"uniform {uniform:.4f} | best {best:.2f} @ {at} | {pace}")
+        self.log(f"step {step} | {format_stats(stats, self.amp)} | stsb_dev {dev:.2f} | align "
+                 f"{align:.4f} uniform {uniform:.4f} | best {best:.2f} @ {at} | {pace}")
         return dev
 
     def keep_best(self, step, dev, model):
@@ -817,8 +813,10 @@ def set_seed(seed):
     torch.manual_seed(seed)
 
 
-def format_stats(stats):  # "loss 0.1234 | rtd 0.5678"; step 0, before any training: "loss -"
-    return " | ".join(f"{k} {float(v):.4f}" for k, v in stats.items()) or "loss -"
+def format_stats(stats, amp=None):  # "loss 0.1234 | rtd 0.5678"; step 0, no training: "loss -"
+    """fp16 adds "| skipped 2": the steps skipped so far because a gradient overflowed."""
+    skipped = f" | skipped {amp.skipped}" if amp and amp.scaler.is_enabled() else ""
+    return (" | ".join(f"{k} {float(v):.4f}" for k, v in stats.items()) or "loss -") + skipped
 
 
 # --- Files: atomic writes, JSON, safetensors ----------------------------------------------------
@@ -1583,14 +1581,23 @@ def _encode_chunk(args):
     return [tok.encode(t, max_len) for t in texts]
 
 
+def cpu_workers(cap=16):
+    """The cores this process may use (its affinity, which containers and taskset set), at most
+    `cap`: tokenization gains little past that, and each worker holds a copy of the tokenizer."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(cap, cores or 1))
+
+
 def tokenize_corpus(tok, texts, max_len=None, workers=None, min_parallel=20_000):
-    """Sentences -> id lists; `workers` processes (all cores) from `min_parallel` sentences on."""
-    workers = workers or os.cpu_count() or 1
+    """Sentences -> id lists; `workers` processes (cpu_workers()) from `min_parallel` sentences on.
+    Forked before any model is on a GPU; under torchrun (its threads running) spawned instead."""
+    workers = workers or cpu_workers()
     if workers == 1 or len(texts) < min_parallel:
         return [tok.encode(t, max_len) for t in texts]
     size = math.ceil(len(texts) / (4 * workers))
     chunks = [(tok, texts[i:i + size], max_len) for i in range(0, len(texts), size)]
-    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+    fork = sys.platform == "linux" and world()[1] == 1
+    context = multiprocessing.get_context("fork" if fork else "spawn")
     with context.Pool(workers) as p:
         return [ids for part in p.map(_encode_chunk, chunks) for ids in part]
 

@@ -177,9 +177,10 @@ def train_step(model, head, ids, mask, cfg, disc, generator, tok, gen):
 
 def train(cfg):
     run = Run(cfg, __file__, models=("model", "generator"))  # DiffCSE: the generator checked too
-    tok, model = run.load_model()
-    head = BNProjector(model.cfg.hidden_size).to(run.device)  # DiffCSE: the BN projector
+    tok, model = run.load_model()  # on the CPU: the corpus is tokenized before the device
     data = run.load_data(tok, one_column=True)  # DiffCSE: unsupervised only
+    model = model.to(run.device)
+    head = BNProjector(model.cfg.hidden_size).to(run.device)  # DiffCSE: the BN projector
     disc = Discriminator(run.load_model()[1]).to(run.device)  # DiffCSE: its own pretrained copy
     generator = load_generator(cfg.generator, tok).to(run.device)  # DiffCSE: frozen
     gen = torch.Generator(run.device).manual_seed(cfg.seed)  # DiffCSE: the masking draws

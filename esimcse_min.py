@@ -147,10 +147,11 @@ def train_step(model, head, ids, mask, cfg, momentum, queue, rng):
 
 def train(cfg):
     run = Run(cfg, __file__)  # checks every input; nothing is written before run.start
-    tok, model = run.load_model()
+    tok, model = run.load_model()  # on the CPU: the corpus is tokenized before the device
+    data = run.load_data(tok, one_column=True)  # ESimCSE: unsupervised only
+    model = model.to(run.device)
     head = MLPHead(model.cfg.hidden_size).to(run.device)
     momentum = momentum_encoder(model) if cfg.queue_size > 0 else None  # ESimCSE: needs a queue
-    data = run.load_data(tok, one_column=True)  # ESimCSE: unsupervised only
     total = run.total_steps(len(data))
     params = [*model.parameters(), *head.parameters()]
     opt, sched = make_optimizer(params, cfg.lr, total, run.device)

@@ -152,9 +152,10 @@ def train_step(model, head, ids, mask, cfg):
 
 def train(cfg):
     run = Run(cfg, __file__)  # checks every input; nothing is written before run.start
-    tok, model = run.load_model()
-    head = MLPHead(model.cfg.hidden_size).to(run.device)
+    tok, model = run.load_model()  # on the CPU: the corpus is tokenized before the device
     data = run.load_data(tok, one_column=True)  # SimCSE++: unsupervised only
+    model = model.to(run.device)
+    head = MLPHead(model.cfg.hidden_size).to(run.device)
     total = run.total_steps(len(data))
     params = [*model.parameters(), *head.parameters()]
     opt, sched = make_optimizer(params, cfg.lr, total, run.device)

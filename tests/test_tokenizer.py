@@ -216,3 +216,22 @@ def test_tokenize_corpus_in_processes_equals_serial(model_dir, wiki_path, monkey
     parallel = common.tokenize_corpus(tok, sents, max_len=32, workers=2)
     assert contexts, "tokenize_corpus did not use worker processes"
     assert parallel == [tok.encode(s, 32) for s in sents]
+
+
+def test_workers_follow_the_cpu_affinity_with_a_cap(monkeypatch):
+    monkeypatch.setattr(common.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    assert common.cpu_workers() == 3  # taskset or a container's cpuset, not the machine's cores
+    monkeypatch.setattr(common.os, "sched_getaffinity", lambda pid: set(range(96)), raising=False)
+    assert common.cpu_workers() == 16
+
+
+def test_under_torchrun_the_workers_are_spawned_not_forked(model_dir, monkeypatch):
+    """torchrun's process group runs threads (gloo, NCCL): forking then is unsafe, so rank 0 spawns its workers."""
+    tok = common.Tokenizer.from_pretrained(model_dir)
+    contexts = []
+    real = multiprocessing.get_context
+    monkeypatch.setattr(multiprocessing, "get_context", lambda *a: contexts.append(a) or real(*a))
+    monkeypatch.setattr(common, "world", lambda: (0, 2))
+    sents = ["the first sentence.", "a second one", "and a third, with commas"] * 4
+    assert common.tokenize_corpus(tok, sents, 32, workers=2, min_parallel=0) == [tok.encode(s, 32) for s in sents]
+    assert contexts == [("spawn",)]
