@@ -38,17 +38,23 @@ import simcse_min  # noqa: E402
 import simcsepp_min  # noqa: E402
 
 EPOCH_STEPS = 15_625  # wiki1m: 1,000,000 sentences // 64 (the last partial batch dropped)
-PEAK_BF16_TFLOPS = [("H100 PCIe", 756), ("H100", 989), ("H200", 989), ("GH200", 989), ("B200", 2250),
-                    ("A100", 312), ("A10G", 70), ("A10", 125), ("L40S", 362), ("L4", 121), ("RTX 4090", 165),
-                    ("RTX 3090", 71), ("V100", 125)]  # dense, no sparsity [vendor datasheets]; first match wins
+# Dense tensor-core peaks in TFLOPS, no sparsity [vendor datasheets]: (name, bf16, fp16); first match wins. GPUs
+# before Ampere have no bf16 tensor cores (None): --precision auto trains them in fp16, measured against fp16's peak.
+PEAK_TFLOPS = [("H100 PCIe", 756, 756), ("H100", 989, 989), ("H200", 989, 989), ("GH200", 989, 989),
+               ("B200", 2250, 2250), ("A100", 312, 312), ("A10G", 70, 70), ("A10", 125, 125), ("L40S", 362, 362),
+               ("L4", 121, 121), ("RTX 4090", 165, 165), ("RTX 3090", 71, 71), ("V100", None, 125),
+               ("T4", None, 65), ("P100", None, 18.7)]
 METHODS = ["simcse", "esimcse", "simcsepp", "diffcse"]
 
 
 # ---- Arithmetic (unit-tested in tests/test_speed.py)
 
-def peak_tflops(gpu_name):
-    """The dense bf16 tensor-core peak of a GPU from its name, or None when unknown (use --peak_tflops)."""
-    return next((tf for key, tf in PEAK_BF16_TFLOPS if key.lower() in gpu_name.lower()), None)
+def peak_tflops(gpu_name, precision="bf16"):
+    """The dense tensor-core peak of a GPU in bf16 or fp16 from its name; None when unknown (use --peak_tflops), and
+    fp32 has none here (TF32 peaks are another figure)."""
+    column = {"bf16": 1, "fp16": 2}.get(precision)
+    row = next((r for r in PEAK_TFLOPS if r[0].lower() in gpu_name.lower()), None)
+    return row[column] if row and column else None
 
 
 def train_flops(params, tokens_with_grad, tokens_forward_only=0):
@@ -139,10 +145,12 @@ def our_steps(base, ids, mask, args, device, tok):
         if args.compile:
             model.compile(mode="reduce-overhead" if device.type == "cuda" else None)  # as Run.compile
 
+        amp = common.MixedPrecision(args.precision, device)  # a fresh loss scaler per method (fp16)
+
         def step():
-            with common.autocast(device):
+            with amp.autocast():
                 loss, _ = module.train_step(model, head, ids, mask, cfg, *(before(model, extras) if before else ()))
-            common.optimizer_step(loss, opt, sched)
+            common.optimizer_step(loss, opt, sched, amp)
             if after:
                 after(model, extras)
         return step
@@ -292,7 +300,10 @@ def main(argv=None):
     p.add_argument("--max_len", type=int, default=32)
     p.add_argument("--compile", action="store_true", help="torch.compile our encoders (as --compile 1 in training)")
     p.add_argument("--generator", default="", help="DiffCSE generator folder (default: random, half the depth)")
-    p.add_argument("--peak_tflops", type=float, default=0, help="the GPU's dense bf16 peak (default: by its name)")
+    p.add_argument("--precision", default="auto", choices=common.PRECISIONS,
+                   help="training precision, as the runs' --precision (auto: bf16 where native, else fp16)")
+    p.add_argument("--peak_tflops", type=float, default=0,
+                   help="the GPU's dense peak in the training precision (default: by its name)")
     p.add_argument("--skip", default="", help="comma-separated parts to skip: steps,dev,test,tokenizer,hf")
     args = p.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
@@ -300,6 +311,7 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     device = common.resolve_device(args.device)
+    args.precision, why = common.choose_precision(args.precision, device)
     args.steps = args.steps or (10 if device.type == "cuda" else 5)
     methods = ["simcse", *(m for m in METHODS[1:] if m in args.methods.split(","))]
     senteval = ""
@@ -313,18 +325,20 @@ def main(argv=None):
     print(f"# bench: {Path(args.model).name} ({matmul_params(base) / 1e6:.1f}M matmul parameters) on {device} "
           f"({name}); torch {torch.__version__}; transformers {hf_version or 'not importable'}; "
           f"batch {args.batch_size} x {ids.size(-1)} tokens; compile {args.compile}; {warmup} warm-up + "
-          f"{args.steps} timed rounds, medians", flush=True)
-    amp = torch.bfloat16 if device.type == "cuda" else None  # what common.autocast does
+          f"{args.steps} timed rounds, medians; precision {args.precision} ({why})", flush=True)
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)  # HF's steps: the same autocast
 
     step_s, results = {}, {}
     if "steps" not in skip:
         contenders, generator = our_steps(base, ids, mask, args, device, tok)
         contenders = {f"ours {m}": contenders[m] for m in methods}
         for impl, model in hf.items():
-            contenders[f"HF {impl}" + (" bf16" if amp else "")] = hf_step(model, ids, mask, device, amp)
+            contenders[f"HF {impl} {args.precision}"] = hf_step(model, ids, mask, device, amp,
+                                                                 torch.amp.GradScaler(device.type, enabled=amp is
+                                                                                      torch.float16))
         if hf and device.type == "cuda":  # the official setup: fp16 autocast + GradScaler, eager attention
             contenders["HF eager fp16 (official)"] = hf_step(hf["eager"], ids, mask, device, torch.float16,
-                                                            torch.amp.GradScaler("cuda"), fused=False)
+                                                            torch.amp.GradScaler("cuda"), fused=False)  # torch>=2.3
         step_s, _ = take_turns(contenders, args.steps, warmup, device)
         print("\n## (a) one training step (forward, backward, clip, AdamW)\n")
         for n, s in step_s.items():
@@ -338,10 +352,11 @@ def main(argv=None):
     if "dev" not in skip:
         encoders = {"ours": lambda: common.encode_sentences(base, tok, None, "cls", 256, id_lists=dev_ids)}
         for impl, model in hf.items():
-            encoders[f"HF {impl}"] = lambda model=model: hf_encode(model, dev_ids, device, amp)
+            encoders[f"HF {impl}"] = lambda model=model: hf_encode(model, dev_ids, device, None)  # fp32, as ours
         enc_s, _ = take_turns(encoders, args.eval_reps, 1, device)
         dev_s = enc_s["ours"]
-        print(f"\n## (b) dev encoding: {len(dev_ids)} sentences ({dev_what}), [CLS], batch 256, length-sorted\n")
+        print(f"\n## (b) dev encoding: {len(dev_ids)} sentences ({dev_what}), [CLS], batch 256, length-sorted; "
+              f"fp32 on both sides (TF32 matmuls on CUDA), as every evaluation of a run\n")
         for n, s in enc_s.items():
             print(f"{n:28s} {s:8.2f} s   {len(dev_ids) / s:8.0f} sentences/s")
         for n in enc_s:
@@ -349,7 +364,7 @@ def main(argv=None):
                 print(f"ratio ours / {n}: {dev_s / enc_s[n]:.3f}")
         if hf:
             ours = common.encode_sentences(base, tok, None, "cls", 256, id_lists=dev_ids[:256])
-            theirs = hf_encode(hf["sdpa"], dev_ids[:256], device, amp)
+            theirs = hf_encode(hf["sdpa"], dev_ids[:256], device, None)
             print(f"max |ours - HF| on [CLS] of 256 dev sentences: {(ours - theirs).abs().max():.2e}")
     test_s = 0.0
     if "test" not in skip and senteval and isinstance(tok, common.Tokenizer):
@@ -371,11 +386,11 @@ def main(argv=None):
 
 def report_gpu(args, base, step_s, dev_s, test_s, generator, L):
     """MFU per contender and the projected epoch per method."""
-    peak = args.peak_tflops or peak_tflops(torch.cuda.get_device_name())
+    peak = args.peak_tflops or peak_tflops(torch.cuda.get_device_name(), args.precision)
     N, T = matmul_params(base), args.batch_size * L
     flops = {"simcse": train_flops(N, 2 * T), "esimcse": train_flops(N, 2 * T, T),
              "simcsepp": train_flops(N, 3 * T), "diffcse": train_flops(N, 4 * T) + 2 * matmul_params(generator) * 2 * T}
-    print(f"\n## GPU: MFU (6·N·T, N = {N / 1e6:.1f}M matmul parameters, vs {peak} TFLOPS dense bf16) "
+    print(f"\n## GPU: MFU (6·N·T, N = {N / 1e6:.1f}M matmul parameters, vs {peak} TFLOPS dense {args.precision}) "
           f"and one wiki1m epoch ({EPOCH_STEPS} steps + dev every 125)\n")
     for n, s in step_s.items():
         method = n.split()[1] if n.startswith("ours") else "simcse"

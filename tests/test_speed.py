@@ -153,6 +153,9 @@ def test_gpu_peaks_by_name():
     assert bench.peak_tflops("NVIDIA H200") == 989
     assert bench.peak_tflops("NVIDIA A100-SXM4-80GB") == 312
     assert bench.peak_tflops("Some Future GPU") is None
+    assert bench.peak_tflops("Tesla V100-SXM2-16GB") is None  # no bf16 tensor cores: 125 is its fp16 figure
+    assert bench.peak_tflops("Tesla V100-SXM2-16GB", "fp16") == 125 and bench.peak_tflops("Tesla T4", "fp16") == 65
+    assert bench.peak_tflops("NVIDIA A100-SXM4-80GB", "fp32") is None
 
 
 def test_mfu_arithmetic():
@@ -180,7 +183,7 @@ def test_matmul_params_leave_out_the_embedding_tables():
 def test_gpu_report_prints_mfu_and_the_epoch(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
     model = Bert(BertConfig.tiny())
-    args = type("Args", (), {"peak_tflops": 0, "batch_size": 64})()
+    args = type("Args", (), {"peak_tflops": 0, "batch_size": 64, "precision": "bf16"})()
     step = 6 * bench.matmul_params(model) * 2 * 64 * 32 / (0.4 * 989e12)  # the step time of 40% MFU
     bench.report_gpu(args, model, {"ours simcse": step, "HF eager fp16 (official)": 2.5 * step}, 1.5, 30.0, model, 32)
     out = capsys.readouterr().out
