@@ -22,7 +22,7 @@ def step_ms(module, model, head, ids, mask, cfg, device):
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
     start = time.perf_counter()
-    with common.autocast(device):
+    with common.MixedPrecision(common.choose_precision("auto", device)[0], device).autocast():  # as a run
         loss, _ = module.train_step(model, head, ids, mask, cfg)
     loss.backward()
     sync()
