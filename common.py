@@ -1845,7 +1845,7 @@ def restore_checkpoint(run, saved):
                 notes.append(restore_state(obj, ckpt["objects"][name], run.device, saved["model"],
                                            seed))
         if ckpt["objects"]["amp"]["name"] != run.amp.name:
-            notes += [f"saved in {ckpt['objects']['amp']['name']}, continued in {run.amp.name}"]
+            notes.append(f"saved in {ckpt['objects']['amp']['name']}, continued in {run.amp.name}")
         run.best_dev, run.best_step, best = ckpt["best"]
         if not (type(ckpt["step"]) is int and 0 < ckpt["step"] <= run.total and
                 type(run.best_dev) is float and type(run.best_step) is int and
@@ -1857,7 +1857,7 @@ def restore_checkpoint(run, saved):
             raise ValueError("the best state does not fit the model")
         run.best_state = best and {k: v.to(run.device) for k, v in best.items()}
         run.dev_history, run.stats_history, run.align_uniform = ckpt["histories"]
-        notes += [set_rng_states(ckpt["rng"], run.device, seed)]  # last: nothing after it draws
+        notes.append(set_rng_states(ckpt["rng"], run.device, seed))  # last: nothing after it draws
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as e:
         raise CheckpointError(f"{path} does not fit this run ({type(e).__name__}: "
                               f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
