@@ -104,10 +104,8 @@ def test_diff_against_baseline_shows_the_method_only(name):
     matching is not minimal and counts more)."""
     if not shutil.which("diff"):
         pytest.skip("no `diff` program here (CI has one)")
-    out = subprocess.run(["diff", "-u", "simcse_min.py", name], cwd=ROOT, capture_output=True,
-                         text=True).stdout.splitlines()
-    changed = [d for d in out if d[:1] in "+-" and d[:3] not in ("+++", "---")]
-    assert len(changed) <= DIFF_BUDGET[name], f"{len(changed)} changed lines vs {DIFF_BUDGET[name]}"
+    changed = changed_lines(name)
+    assert changed <= DIFF_BUDGET[name], f"{changed} changed lines vs {DIFF_BUDGET[name]}"
 
 
 def train_source(name):
@@ -158,3 +156,25 @@ def test_readme_commands_name_real_scripts_and_flags():
         text = source(script)
         for flag in re.findall(r"--(\w+)", args):
             assert re.search(rf"^    {flag}: |\"--{flag}\"", text, re.M), f"README: {script} has no --{flag}"
+
+
+def changed_lines(name):
+    """`+`/`-` lines of GNU `diff -u simcse_min.py name`, as the README tells readers to count."""
+    out = subprocess.run(["diff", "-u", "simcse_min.py", name], cwd=ROOT, capture_output=True,
+                         text=True).stdout.splitlines()
+    return len([d for d in out if d[:1] in "+-" and d[:3] not in ("+++", "---")])
+
+
+def test_readme_is_short_and_its_file_table_is_the_code():
+    """README at most about 200 lines [issue 15]; its table of files states the sizes measured now."""
+    readme = source("README.md")
+    assert len(readme.splitlines()) <= 200
+    rows = re.findall(r"^\| `?(\w+_min\.py|common\.py|Part \d)`? \| ([\d,]+) \| *([\d,]*) *\|", readme,
+                      re.M)
+    assert len(rows) == 8, rows
+    parts = common_parts()
+    for name, lines, changed in rows:
+        size = parts[name] if name in parts else len(source(name).splitlines())
+        assert int(lines.replace(",", "")) == size, f"README says {name} has {lines} lines: {size}"
+        if changed and shutil.which("diff"):
+            assert int(changed) == changed_lines(name), f"README: {name} changes {changed} lines"
