@@ -783,6 +783,7 @@ import stat
 import tarfile
 import tempfile
 import urllib.error
+import urllib.parse
 import urllib.request
 import warnings
 
@@ -1165,25 +1166,36 @@ def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
 
 # --- Resolving and downloading models and data --------------------------------------------------
 
-HF_ENDPOINT = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-CACHE = Path(os.environ.get("SIMCSE_CACHE", Path.home() / ".cache" / "simcse-min"))
+HF_ENDPOINT = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+CACHE = Path(os.environ.get("SIMCSE_CACHE") or Path.home() / ".cache" / "simcse-min").expanduser()
 _FILES = ["config.json", "vocab.txt", "tokenizer_config.json", "model.safetensors"]  # weights last
 _BPE_FILES = ["config.json", "vocab.json", "merges.txt", "model.safetensors"]
-KNOWN_MODELS = {"bert-base-uncased": _FILES, "bert-large-uncased": _FILES,
-                "distilbert-base-uncased": _FILES, "sentence-transformers/all-MiniLM-L6-v2": _FILES,
-                "google/bert_uncased_L-4_H-256_A-4": _FILES[:2] + ["pytorch_model.bin"],
-                "roberta-base": _BPE_FILES, "roberta-large": _BPE_FILES,
-                "distilroberta-base": _BPE_FILES}
+KNOWN_MODELS = {  # name -> the files we read (what each repository holds: tests/fixtures/hub_facts)
+    "bert-base-uncased": _FILES, "bert-large-uncased": _FILES, "distilbert-base-uncased": _FILES,
+    "sentence-transformers/all-MiniLM-L6-v2": _FILES,
+    "google/bert_uncased_L-4_H-256_A-4": ["config.json", "vocab.txt", "pytorch_model.bin"],
+    "roberta-base": _BPE_FILES, "roberta-large": _BPE_FILES, "distilroberta-base": _BPE_FILES}
 _DATA = "datasets/princeton-nlp/datasets-for-simcse/resolve/main/"
 KNOWN_DATA = {f: _DATA + f for f in ("wiki1m_for_simcse.txt", "nli_for_simcse.csv", "senteval.tar")}
 DATA_ALIASES = {"wiki1m.txt": "wiki1m_for_simcse.txt"}  # the name the papers' READMEs use
 
 
+def hub_cache():
+    """Where huggingface_hub keeps its downloads [huggingface_hub constants.py]."""
+    home = os.environ.get("HF_HOME") or \
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface"
+    return Path(os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+                or Path(home) / "hub").expanduser()
+
+
 def hub_snapshot(name):
-    """A complete snapshot of `name` in the Hugging Face cache, or None."""
-    hub = Path(os.environ.get("HF_HUB_CACHE", Path.home() / ".cache" / "huggingface" / "hub"))
-    return next((s for s in sorted(hub.glob(f"models--{str(name).replace('/', '--')}/snapshots/*"))
-                 if not folder_problem(s)), None)
+    """The complete snapshot of `name` that the Hugging Face cache's refs/main names (else any
+    complete one), or None: models--org--name/snapshots/<commit>/ [huggingface_hub]."""
+    repo = hub_cache() / ("models--" + str(name).replace("/", "--"))  # no glob: '*' is itself
+    ref, snapshots = repo / "refs" / "main", repo / "snapshots"
+    commits = [ref.read_text().strip()] if ref.is_file() else []
+    commits += sorted(p.name for p in snapshots.iterdir()) if snapshots.is_dir() else []
+    return next((snapshots / c for c in commits if c and not folder_problem(snapshots / c)), None)
 
 
 def resolve_model(name_or_dir, flag="--model"):
@@ -1191,8 +1203,9 @@ def resolve_model(name_or_dir, flag="--model"):
     if Path(name_or_dir).expanduser().is_dir():
         return Path(name_or_dir).expanduser()
     ours, files = CACHE / "models" / str(name_or_dir), KNOWN_MODELS.get(str(name_or_dir))
-    if hub_snapshot(name_or_dir) or files and all((ours / f).exists() for f in files):
-        return hub_snapshot(name_or_dir) or ours
+    cached = hub_snapshot(name_or_dir)
+    if cached or files and all((ours / f).exists() for f in files):
+        return cached or ours
     if files is None:
         raise UserError(f"{flag} {name_or_dir!r} is neither a folder nor a known name ("
                         f"{', '.join(KNOWN_MODELS)}); pass the path of a Hugging Face model folder")
@@ -1201,36 +1214,63 @@ def resolve_model(name_or_dir, flag="--model"):
     return ours
 
 
-def download(url, dest, expected_sha256=None, flag="the path"):
-    """url -> dest with a progress line, resuming a .part file, checking size and SHA-256 (given,
-    or Hugging Face's ETag). A failed download leaves no empty folder; a cut one keeps its .part."""
-    dest, created = Path(dest), [p for p in Path(dest).parents if not p.exists()]
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    part = dest.with_name(dest.name + ".part")
-    have = total = part.stat().st_size if part.exists() else 0
+class _StayOnTheHub(urllib.request.HTTPRedirectHandler):
+    """Follow a redirect on the hub (a renamed repository), not one to the CDN: only the hub's
+    own answer states a large file's SHA-256 and size [huggingface_hub get_hf_file_metadata]."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        if urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc:
+            return None  # the CDN: hub_answer reads its address from the Location header
+        return urllib.request.Request(newurl, headers=req.headers, method=req.get_method())
+
+
+def hub_answer(url):
+    """HEAD url on the hub -> (where the bytes are, size or None, SHA-256 or None). A file in git:
+    200, an ETag that is its git-SHA1 (no checksum of ours); a large (LFS/Xet) file: 302 to the CDN,
+    its SHA-256 in X-Linked-Etag, its size in X-Linked-Size; the CDN's ETag is no SHA-256."""
     try:
-        response = urllib.request.urlopen(urllib.request.Request(
-            url, headers={"Range": f"bytes={have}-"} if have else {}), timeout=60)
-        with response, open(part, "ab" if response.status == 206 else "wb") as f:
-            done = have if response.status == 206 else 0  # else the server ignored the range
-            h, shown = response.headers, 0
-            total = done + int(h.get("Content-Length", 0))
-            etag = (h.get("X-Linked-Etag") or h.get("ETag") or "").strip('"W/')
-            if not expected_sha256 and re.fullmatch(r"[0-9a-f]{64}", etag):
-                expected_sha256 = etag
-            while chunk := response.read(1 << 20):
-                f.write(chunk)
-                done += len(chunk)
-                if time.time() - shown > 1 or done == total:
-                    shown = time.time()
-                    print(f"\r{dest.name}: {done / 1e6:.1f} / {total / 1e6:.1f} MB", end="",
-                          file=sys.stderr)
-        print(file=sys.stderr)
-        if total and part.stat().st_size != total:
+        r = urllib.request.build_opener(_StayOnTheHub).open(
+            urllib.request.Request(url, method="HEAD"), timeout=60)
+    except urllib.error.HTTPError as e:
+        if not 300 <= e.code < 400:
+            raise
+        r = e
+    with r:
+        h = r.headers
+        where = urllib.parse.urljoin(r.geturl(), h.get("Location") or r.geturl())
+        sha256 = (h.get("X-Linked-Etag") or "").removeprefix("W/").strip('"')
+        size = h.get("X-Linked-Size") or h.get("Content-Length")
+    return (where, int(size) if size and size.isdigit() else None,
+            sha256 if re.fullmatch(r"[0-9a-f]{64}", sha256) else None)
+
+
+def download(url, dest, expected_sha256=None, flag="the path"):
+    """url -> dest with a progress line, resuming a .part file, checking the size and SHA-256 the
+    hub states (or expected_sha256). A failed download leaves no empty folder; a cut one keeps its
+    .part, and the same command resumes it."""
+    dest, created = Path(dest), [p for p in Path(dest).parents if not p.exists()]
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # SIMCSE_CACHE a file, a read-only disk
+        raise UserError(f"cannot make the folder {dest.parent} ({e.strerror}): SIMCSE_CACHE (now "
+                        f"{CACHE}) must name a writable folder") from None
+    part = dest.with_name(dest.name + ".part")
+    have = total = 0
+    try:
+        where, total, sha256 = hub_answer(url)
+        expected_sha256 = expected_sha256 or sha256
+        have = part.stat().st_size if part.exists() else 0
+        if total is None or have != total:  # else the .part is whole already
+            fetch(where, part, have if total is None or have < total else 0, dest.name)
+        if total is not None and part.stat().st_size != total:
             raise OSError("short read")
     except urllib.error.HTTPError as e:
-        if e.code != 416:  # 416: nothing left to fetch, the part file is complete
-            raise UserError(f"download of {url} failed: HTTP {e.code} {e.reason}") from None
+        code = e.headers.get("X-Error-Code")  # [huggingface_hub hf_raise_for_status]
+        why = {"EntryNotFound": "no such file", "RepoNotFound": "no such repository, or a private "
+               "one", "GatedRepo": "accept its terms on the hub, then `huggingface-cli download` "
+               "it: its cache is used from there"}.get(code, "")
+        raise UserError(f"download of {url} failed: HTTP {e.code} {e.reason}"
+                        + (f" ({code}{': ' * bool(why)}{why})" if code else "")) from None
     except urllib.error.URLError as e:
         raise UserError(f"cannot download {url} ({e.reason}): you seem to be offline; fetch it "
                         f"where there is internet and pass its path with {flag}") from None
@@ -1247,6 +1287,23 @@ def download(url, dest, expected_sha256=None, flag="the path"):
         raise UserError(f"download of {url} is corrupt (SHA-256 mismatch); deleted it, run again")
     os.replace(part, dest)
     return dest
+
+
+def fetch(url, part, have, name):
+    """GET url into part, from byte `have` on (a Range request), with a progress line."""
+    response = urllib.request.urlopen(urllib.request.Request(
+        url, headers={"Range": f"bytes={have}-"} if have else {}), timeout=60)
+    with response, open(part, "ab" if response.status == 206 else "wb") as f:
+        done = have if response.status == 206 else 0  # else the server ignored the range
+        total, shown = done + int(response.headers.get("Content-Length", 0)), 0
+        while chunk := response.read(1 << 20):
+            f.write(chunk)
+            done += len(chunk)
+            if time.time() - shown > 1 or done == total:
+                shown = time.time()
+                print(f"\r{name}: {done / 1e6:.1f} / {total / 1e6:.1f} MB", end="",
+                      file=sys.stderr)
+    print(file=sys.stderr)
 
 
 def sha256_file(path):
@@ -1271,20 +1328,52 @@ def resolve_data(path):
                                                    flag="--data")
 
 
+SENTEVAL_TASKS = ("STS", "SICK",  # the STS table; then the transfer tasks [SentEval]
+                  "CR", "MPQA", "MR", "MRPC", "SST", "SUBJ", "TREC")
+
+
 def download_senteval(dest=None):
-    """SimCSE's senteval.tar, its STS/SICK files unpacked into dest/downstream/{STS,SICK}."""
-    dest = dest or CACHE / "senteval"
-    tar_path = download(f"{HF_ENDPOINT}/{KNOWN_DATA['senteval.tar']}",
-                        CACHE / "data" / "senteval.tar", flag="--senteval")
-    tmp = Path(tempfile.mkdtemp(dir=CACHE))
-    with tarfile.open(tar_path) as tar:
-        tar.extractall(tmp, members=[m for m in tar.getmembers() if m.isfile() and re.search(
-            r"downstream/(STS|SICK)/", m.name)], filter="data")
-    shutil.rmtree(dest / "downstream", ignore_errors=True)
+    """SimCSE's senteval.tar (once) -> dest/downstream/{STS,SICK,CR,...}. Its members sit at the
+    top (STS/..., SICK/...: the official script untars it inside SentEval/data/downstream); a tar
+    re-packed with them under a downstream/ folder works too. Members that would land outside
+    dest, and links, refuse the archive."""
+    dest, tar_path = Path(dest or CACHE / "senteval"), CACHE / "data" / "senteval.tar"
+    if not tar_path.is_file():  # a whole file: download() renames it into place at the end
+        download(f"{HF_ENDPOINT}/{KNOWN_DATA['senteval.tar']}", tar_path, flag="--senteval")
     dest.mkdir(parents=True, exist_ok=True)
-    os.replace(next(tmp.rglob("downstream")), dest / "downstream")
-    shutil.rmtree(tmp)
+    tmp = Path(tempfile.mkdtemp(dir=dest, prefix=".unpacking-"))
+    try:
+        with tarfile.open(tar_path) as tar:
+            for member in tar:
+                unpack_task_file(tar, member, tmp)
+        if path_problem(tmp / "STS", folder=True):
+            raise UserError(f"{tar_path} holds no STS/ folder (at its top or under downstream/): "
+                            f"not SimCSE's senteval.tar; delete it and run again")
+        shutil.rmtree(dest / "downstream", ignore_errors=True)
+        os.replace(tmp, dest / "downstream")
+    except (OSError, tarfile.TarError) as e:
+        raise UserError(f"cannot unpack {tar_path} ({type(e).__name__}: {e}); delete it and run "
+                        f"again") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return dest / "downstream"
+
+
+def unpack_task_file(tar, member, root):
+    """A member of senteval.tar in a task folder we read -> root/TASK/..., the rest skipped."""
+    parts, refuse = Path(member.name).parts, f"{tar.name}: member {member.name!r} "
+    if member.name.startswith("/") or ".." in parts:
+        raise UserError(refuse + "would land outside its folder: refusing this archive")
+    task = next((i for i, p in enumerate(parts)
+                 if p in SENTEVAL_TASKS and (i == 0 or parts[i - 1] == "downstream")), None)
+    if task is None or member.isdir():
+        return
+    if not member.isfile():
+        raise UserError(refuse + "is a link or a device: refusing this archive")
+    target = root.joinpath(*parts[task:])
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tar.extractfile(member) as src, open(target, "wb") as f:
+        shutil.copyfileobj(src, f)
 
 
 def senteval_root(path):

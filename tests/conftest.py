@@ -51,6 +51,29 @@ def minilm(model_dir):
     return common.Tokenizer.from_pretrained(model_dir), common.Bert.from_pretrained(model_dir).eval()
 
 
+@pytest.fixture(scope="session")
+def recorded_hub_files(tmp_path_factory):
+    """Every recorded repository's files, cut small (stand_in_hub.hub_files): built once."""
+    from stand_in_hub import hub_files
+    return hub_files(tmp_path_factory.mktemp("hub-files"))
+
+
+@pytest.fixture
+def hub(recorded_hub_files, tmp_path, monkeypatch):
+    """The stand-in hub serving the recorded repositories; common pointed at it, with an empty cache of its
+    own and an empty Hugging Face cache."""
+    import common
+    from fixtures.hub_facts import HUB_CACHE_ENV
+    from stand_in_hub import StandInHub
+    with StandInHub(recorded_hub_files) as h:
+        monkeypatch.setattr(common, "HF_ENDPOINT", h.url)
+        monkeypatch.setattr(common, "CACHE", tmp_path / "cache")
+        for var in HUB_CACHE_ENV:
+            monkeypatch.delenv(var, raising=False)
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-hub"))
+        yield h
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_temporary_folders_left(tmp_path_factory):
     """The suite leaves nothing in the temporary folder: its cache and pytest's own folders go at the end."""

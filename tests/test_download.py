@@ -1,146 +1,114 @@
-"""Downloads against a local HTTP server on 127.0.0.1 that behaves like the Hugging Face hub's file endpoint:
-Range requests (206 + Content-Range, 416 past the end), an ETag with the file's SHA-256, and connections cut
-after N bytes (a clean close or a reset)."""
+"""Downloads against the stand-in hub (stand_in_hub.py), which answers as the real hub is recorded to answer
+(fixtures/hub_facts.py): a large file is a 302 to a CDN on another host, its SHA-256 and size stated in the hub's
+own answer only; the CDN's ETag is no SHA-256; a renamed repository redirects relatively; errors carry X-Error-Code.
+Every known model name fetches files its repository really holds, and the Hugging Face cache is used in place."""
 import hashlib
-import http.server
-import re
+import os
+import io
 import socket
-import struct
-import threading
+import tarfile
 
 import pytest
-import torch
 
 import common
+from fixtures import hub_facts as facts
+from stand_in_hub import StandInHub
 
 BLOB = bytes(range(256)) * 4000  # 1,024,000 bytes: more than one 1 MiB read chunk
-
-
-class Handler(http.server.BaseHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-    def do_GET(self):
-        srv = self.server
-        data = srv.files.get(self.path)
-        srv.requests.append((self.path, self.headers.get("Range")))
-        if data is None:
-            self.send_error(404)
-            return
-        start, status = 0, 200
-        m = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range") or "")
-        if m and not srv.ignore_range:
-            start, status = int(m[1]), 206
-            if start >= len(data):
-                self.send_response(416)
-                self.send_header("Content-Range", f"bytes */{len(data)}")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-                return
-        body = data[start:]
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        if status == 206:
-            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-        etag = srv.etags.get(self.path, hashlib.sha256(data).hexdigest())
-        if etag:
-            self.send_header("ETag", f'"{etag}"')
-        self.end_headers()
-        if srv.cut_after is None:
-            self.wfile.write(body)
-            return
-        self.wfile.write(body[:srv.cut_after])
-        self.wfile.flush()
-        srv.cut_after = None  # only the first response is cut
-        self.close_connection = True
-        if srv.reset:  # an abortive close (RST), as a dropped network connection looks to the client
-            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            self.connection.close()
+NAME = "org/model/model.safetensors"
+TAR = "datasets/princeton-nlp/datasets-for-simcse/senteval.tar"
 
 
 @pytest.fixture
-def server():
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    srv.daemon_threads = True
-    srv.files, srv.etags, srv.requests = {}, {}, []
-    srv.cut_after, srv.reset, srv.ignore_range = None, False, False
-    srv.url = f"http://127.0.0.1:{srv.server_address[1]}"
-    thread = threading.Thread(target=srv.serve_forever, args=(0.02,), daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+def blob_hub():
+    """The stand-in hub holding one large (LFS) file, org/model/model.safetensors, and a small one."""
+    with StandInHub({NAME: BLOB, "org/model/config.json": b'{"a": 1}'}, lfs={NAME}) as h:
+        yield h
 
 
-def serve(srv, path, data):
-    srv.files[path] = data
-    return srv.url + path
+def url(hub, file="model.safetensors"):
+    return f"{hub.url}/org/model/resolve/main/{file}"
 
 
-def test_full_download_with_progress(server, tmp_path, capsys):
-    url = serve(server, "/m/resolve/main/model.safetensors", BLOB)
-    dest = common.download(url, tmp_path / "sub" / "model.safetensors")
-    assert dest == tmp_path / "sub" / "model.safetensors" and dest.read_bytes() == BLOB
-    assert not (tmp_path / "sub" / "model.safetensors.part").exists()
+def test_large_file_via_the_cdn_checked_against_the_hubs_sha256(blob_hub, tmp_path, capsys):
+    dest = common.download(url(blob_hub), tmp_path / "sub" / "model.safetensors")
+    assert dest.read_bytes() == BLOB and not (tmp_path / "sub" / "model.safetensors.part").exists()
+    assert [(m, host, r) for m, host, _, r in blob_hub.requests] == [("HEAD", "hub", None), ("GET", "cdn", None)]
     err = capsys.readouterr().err
     assert "model.safetensors:" in err and "MB" in err
-    assert server.requests == [("/m/resolve/main/model.safetensors", None)]
 
 
 @pytest.mark.parametrize("reset", [False, True], ids=["close", "reset"])
-def test_resume_after_a_cut(server, tmp_path, reset):
-    url = serve(server, "/m/resolve/main/model.safetensors", BLOB)
-    server.cut_after, server.reset = 300_000, reset
-    dest = tmp_path / "model.safetensors"
-    part = tmp_path / "model.safetensors.part"
+def test_resume_after_a_cut_verifies_the_whole_file(blob_hub, tmp_path, reset):
+    blob_hub.cut_after, blob_hub.reset = 300_000, reset
+    dest, part = tmp_path / "model.safetensors", tmp_path / "model.safetensors.part"
     with pytest.raises(common.UserError, match="cut") as e:
-        common.download(url, dest)
+        common.download(url(blob_hub), dest)
     assert "again" in str(e.value)  # tells the user what to do
     assert not dest.exists() and part.exists() and part.stat().st_size <= 300_000
     have = part.stat().st_size  # after a reset, what was in flight may be lost: 0 is fine then
     assert BLOB.startswith(part.read_bytes()) and (have > 0 or reset)
-    common.download(url, dest)
+    common.download(url(blob_hub), dest)
     assert dest.read_bytes() == BLOB and not part.exists()
-    assert server.requests[-1] == ("/m/resolve/main/model.safetensors", f"bytes={have}-" if have else None)
+    head, get = blob_hub.requests[-2:]  # the hub asked again (its CDN address may expire), then a Range
+    assert (head[:2], get[:2], get[3]) == (("HEAD", "hub"), ("GET", "cdn"), f"bytes={have}-" if have else None)
 
 
-def test_server_ignoring_range_starts_over(server, tmp_path):
-    url = serve(server, "/m/resolve/main/model.safetensors", BLOB)
-    (tmp_path / "model.safetensors.part").write_bytes(b"garbage")
-    server.ignore_range = True
-    common.download(url, tmp_path / "model.safetensors")
-    assert (tmp_path / "model.safetensors").read_bytes() == BLOB
-
-
-def test_complete_part_file_is_finished_on_416(server, tmp_path):
-    url = serve(server, "/m/resolve/main/model.safetensors", BLOB)
-    (tmp_path / "model.safetensors.part").write_bytes(BLOB)
-    common.download(url, tmp_path / "model.safetensors")
-    assert (tmp_path / "model.safetensors").read_bytes() == BLOB
-    assert server.requests[-1][1] == f"bytes={len(BLOB)}-"
-
-
-def test_wrong_sha256_is_detected_and_the_part_deleted(server, tmp_path):
-    path = "/m/resolve/main/model.safetensors"
-    url = serve(server, path, BLOB)
-    server.etags[path] = hashlib.sha256(b"something else").hexdigest()
+def test_a_resumed_part_that_does_not_match_is_caught(blob_hub, tmp_path):
+    (tmp_path / "model.safetensors.part").write_bytes(b"garbage")  # not the file's first bytes
     with pytest.raises(common.UserError, match="corrupt.*SHA-256"):
-        common.download(url, tmp_path / "model.safetensors")
-    assert not (tmp_path / "model.safetensors").exists() and not (tmp_path / "model.safetensors.part").exists()
+        common.download(url(blob_hub), tmp_path / "model.safetensors")
+    assert not (tmp_path / "model.safetensors.part").exists()
+    common.download(url(blob_hub), tmp_path / "model.safetensors")  # and the next try starts over
+    assert (tmp_path / "model.safetensors").read_bytes() == BLOB
+
+
+def test_cdn_ignoring_range_starts_over(blob_hub, tmp_path):
+    (tmp_path / "model.safetensors.part").write_bytes(BLOB[:1000])
+    blob_hub.ignore_range = True
+    common.download(url(blob_hub), tmp_path / "model.safetensors")
+    assert (tmp_path / "model.safetensors").read_bytes() == BLOB
+
+
+def test_a_whole_part_file_is_finished_without_fetching(blob_hub, tmp_path):
+    (tmp_path / "model.safetensors.part").write_bytes(BLOB)
+    common.download(url(blob_hub), tmp_path / "model.safetensors")
+    assert (tmp_path / "model.safetensors").read_bytes() == BLOB
+    assert [host for _, host, _, _ in blob_hub.requests] == ["hub"]  # the size the hub states: nothing left
+
+
+def test_bytes_that_differ_from_the_stated_sha256_are_deleted(blob_hub, tmp_path):
+    blob_hub.corrupt = True
+    with pytest.raises(common.UserError, match="corrupt.*SHA-256"):
+        common.download(url(blob_hub), tmp_path / "model.safetensors")
+    assert not list(tmp_path.iterdir())
+    blob_hub.corrupt = False
     with pytest.raises(common.UserError, match="corrupt"):  # an explicit expected hash is checked too
-        common.download(url, tmp_path / "x.bin", expected_sha256="0" * 64)
+        common.download(url(blob_hub), tmp_path / "x.bin", expected_sha256="0" * 64)
 
 
-def test_non_sha256_etag_is_not_a_checksum(server, tmp_path):
-    path = "/m/resolve/main/config.json"
-    url = serve(server, path, b'{"a": 1}')
-    server.etags[path] = "0123456789abcdef0123456789abcdef01234567"  # a git blob sha1, as for small files
-    assert common.download(url, tmp_path / "config.json").read_bytes() == b'{"a": 1}'
+def test_the_cdns_etag_is_never_taken_for_a_sha256(blob_hub, tmp_path):
+    """The CDN's ETag is 64 hex digits (the Xet hash) but not the SHA-256 [hub_facts.CDN_FILE]; where the hub
+    states no X-Linked-Etag there is nothing to check, and the file is not called corrupt."""
+    blob_hub.unstated.add(NAME)
+    assert common.download(url(blob_hub), tmp_path / "model.safetensors").read_bytes() == BLOB
 
 
-def test_http_error_is_a_user_error(server, tmp_path):
-    with pytest.raises(common.UserError, match="HTTP 404"):
-        common.download(server.url + "/nope/resolve/main/config.json", tmp_path / "config.json")
+def test_a_small_files_git_sha1_etag_is_not_a_checksum(blob_hub, tmp_path):
+    assert common.download(url(blob_hub, "config.json"), tmp_path / "c.json").read_bytes() == b'{"a": 1}'
+    assert [(m, host) for m, host, _, _ in blob_hub.requests] == [("HEAD", "hub"), ("GET", "hub")]
+
+
+@pytest.mark.parametrize("path, expected", [
+    ("org/model/resolve/main/nope.bin", "HTTP 404.*EntryNotFound"),
+    ("org/model/resolve/v9/config.json", "HTTP 404.*RevisionNotFound"),
+    ("org/missing/resolve/main/config.json", "HTTP 401.*RepoNotFound"),
+    ("org/gated/resolve/main/config.json", "HTTP 403.*GatedRepo.*huggingface-cli download")])
+def test_hub_errors_are_one_line_naming_the_cause(path, expected, tmp_path):
+    with StandInHub({NAME: BLOB, "org/model/config.json": b"{}"}, gated={"org/gated"}) as hub:
+        with pytest.raises(common.UserError, match=expected):
+            common.download(f"{hub.url}/{path}", tmp_path / "x" / "f")
+    assert not (tmp_path / "x").exists()
 
 
 def test_offline_message(tmp_path):
@@ -152,49 +120,132 @@ def test_offline_message(tmp_path):
         common.download(f"http://127.0.0.1:{port}/m/resolve/main/config.json", tmp_path / "config.json")
 
 
-def test_resolve_model_downloads_a_known_name(server, tmp_path, monkeypatch):
-    torch.manual_seed(0)
-    model = common.Bert(common.BertConfig.tiny())
-    vocab = list(common.SPECIAL_TOKENS) + [f"w{i}" for i in range(123)]
-    tok = common.Tokenizer({w: i for i, w in enumerate(vocab)})
-    source = tmp_path / "source"
-    model.save_pretrained(source, tok)
-    files = ["config.json", "vocab.txt", "tokenizer_config.json", "model.safetensors"]
-    for f in files:
-        serve(server, f"/fake/tiny-bert/resolve/main/{f}", (source / f).read_bytes())
-    monkeypatch.setattr(common, "HF_ENDPOINT", server.url)
-    monkeypatch.setattr(common, "CACHE", tmp_path / "cache")
-    monkeypatch.setitem(common.KNOWN_MODELS, "fake/tiny-bert", files)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-
-    folder = common.resolve_model("fake/tiny-bert")
-    assert folder == tmp_path / "cache" / "models" / "fake" / "tiny-bert"
-    assert [p for p, _ in server.requests] == [f"/fake/tiny-bert/resolve/main/{f}" for f in files]
-    assert all((folder / f).read_bytes() == (source / f).read_bytes() for f in files)
-    loaded = common.Bert.from_pretrained("fake/tiny-bert")  # from the cache now: no new request
-    assert len(server.requests) == len(files)
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
-    assert common.Tokenizer.from_pretrained("fake/tiny-bert").vocab == tok.vocab
-    with pytest.raises(common.UserError, match="neither a folder nor a known name"):
-        common.resolve_model("fake/unknown-model")
+@pytest.mark.parametrize("name", list(common.KNOWN_MODELS))
+def test_every_known_name_fetches_files_its_repository_holds(name, hub):
+    """Through the renamed repository's redirect where the name is an old one; each file one the recorded
+    repository holds; the model and tokenizer load from what arrived, and a second load asks nothing."""
+    repo = facts.RENAMED.get(name, name)
+    held = [f.removesuffix(":L") for f in facts.MODEL_FILES[repo]]
+    assert set(common.KNOWN_MODELS[name]) <= set(held), "a file the repository does not hold"
+    kind = "distilbert" if name == "distilbert-base-uncased" else None
+    model = common.Bert.from_pretrained(name, mlm_head=kind is not None)
+    tok = common.Tokenizer.from_pretrained(name)
+    got = [p.rsplit("/", 1)[1] for m, host, p, _ in hub.requests if m == "HEAD" and p.startswith(f"/{name}/")]
+    assert got == common.KNOWN_MODELS[name]
+    folder = common.CACHE / "models" / name
+    assert sorted(p.name for p in folder.iterdir()) == sorted(common.KNOWN_MODELS[name])  # no .part left
+    assert all((folder / f).read_bytes() == hub.files[f"{repo}/{f}"] for f in common.KNOWN_MODELS[name])
+    assert model.cfg.model_type == ("roberta" if "roberta" in name else kind or "bert")
+    assert len(tok.vocab) == model.cfg.vocab_size or "roberta" in name
+    n = len(hub.requests)
+    common.Bert.from_pretrained(name, mlm_head=kind is not None)
+    assert len(hub.requests) == n
 
 
-@pytest.mark.parametrize("name", ["roberta-base", "roberta-large", "distilroberta-base"])
-def test_roberta_names_download_their_bpe_files(name, server, tmp_path, monkeypatch):
-    """The known RoBERTa names fetch config.json, vocab.json, merges.txt and the weights (served here by a tiny
-    RoBERTa under the real name), and load as RoBERTa with its byte-level BPE."""
-    from fixtures.make_roberta_fixtures import bpe_vocab, read_merges
-    merges = read_merges()[:40]
-    tok = common.BPETokenizer(bpe_vocab(merges), merges)
-    torch.manual_seed(0)
-    model = common.Bert(common.BertConfig.tiny(vocab_size=len(tok.vocab), model_type="roberta", pad_token_id=1))
-    model.save_pretrained(tmp_path / "source", tok)
-    for f in common.KNOWN_MODELS[name]:
-        serve(server, f"/{name}/resolve/main/{f}", (tmp_path / "source" / f).read_bytes())
-    monkeypatch.setattr(common, "HF_ENDPOINT", server.url)
-    monkeypatch.setattr(common, "CACHE", tmp_path / "cache")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    assert common.KNOWN_MODELS[name] == ["config.json", "vocab.json", "merges.txt", "model.safetensors"]
-    loaded, again = common.Bert.from_pretrained(name), common.Tokenizer.from_pretrained(name)
-    assert loaded.cfg.model_type == "roberta" and (again.vocab, again.merges) == (tok.vocab, tok.merges)
-    assert [p for p, _ in server.requests] == [f"/{name}/resolve/main/{f}" for f in common.KNOWN_MODELS[name]]
+def hf_cache_snapshot(hub_cache, name, files):
+    """A snapshot as huggingface_hub writes it [hub_facts, cache]: blobs/<etag>, snapshots/<commit>/<file> a
+    relative symlink to ../../blobs/<etag>, refs/main holding the commit without a newline."""
+    repo, commit = hub_cache / ("models--" + name.replace("/", "--")), "a" * 40
+    for f, data in files.items():
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(data)
+        (repo / "snapshots" / commit).mkdir(parents=True, exist_ok=True)
+        os.symlink(os.path.join("..", "..", "blobs", blob.name), repo / "snapshots" / commit / f)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    return repo / "snapshots" / commit
+
+
+@pytest.mark.parametrize("variable", ["HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"])
+def test_a_model_in_the_hugging_face_cache_is_used_in_place(variable, hub, tmp_path, monkeypatch):
+    """Where huggingface_hub would have put it, for each way its location is set; nothing is downloaded."""
+    monkeypatch.delenv("HF_HUB_CACHE")
+    base = tmp_path / variable
+    monkeypatch.setenv(variable, str(base))
+    hub_dir = {"HF_HOME": base / "hub", "XDG_CACHE_HOME": base / "huggingface" / "hub"}.get(variable, base)
+    files = {f: hub.files[f"google-bert/bert-base-uncased/{f}"] for f in common.KNOWN_MODELS["bert-base-uncased"]}
+    snapshot = hf_cache_snapshot(hub_dir, "bert-base-uncased", files)
+    assert common.resolve_model("bert-base-uncased") == snapshot
+    common.Bert.from_pretrained("bert-base-uncased")
+    assert hub.requests == [] and not common.CACHE.exists()
+
+
+def test_a_name_with_glob_characters_matches_only_itself(hub, tmp_path):
+    files = {f: hub.files[f"google-bert/bert-base-uncased/{f}"] for f in common.KNOWN_MODELS["bert-base-uncased"]}
+    hf_cache_snapshot(common.hub_cache(), "bert-base-uncased", files)
+    for name in ("bert-*", "bert-base-uncase?", "[b]ert-base-uncased"):
+        with pytest.raises(common.UserError, match="neither a folder nor a known name"):
+            common.resolve_model(name)
+    assert hub.requests == []
+
+
+def test_simcse_cache_that_is_a_file_is_one_line(hub, tmp_path, monkeypatch):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setattr(common, "CACHE", tmp_path / "a-file")
+    with pytest.raises(common.UserError, match="SIMCSE_CACHE .* must name a writable folder"):
+        common.resolve_model("bert-base-uncased")
+    with pytest.raises(common.UserError, match="SIMCSE_CACHE"):
+        common.download_senteval()
+    assert (tmp_path / "a-file").read_text() == ""
+
+
+# --- senteval.tar -----------------------------------------------------------------------------------------
+
+def test_the_recorded_senteval_tar_unpacks_every_task_we_read(hub):
+    """Members at the top (STS/..., CR/...), as the real tar holds them: the STS table's and the transfer
+    tasks' folders land under downstream/, SNLI is left out, no temporary folder stays."""
+    root = common.download_senteval()
+    assert root == common.CACHE / "senteval" / "downstream"
+    common.check_senteval(root, "test"), common.check_senteval(root, "dev")
+    wanted = [m for m in facts.SENTEVAL_MEMBERS if not m.endswith("/") and m.split("/")[0] in common.SENTEVAL_TASKS]
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) == sorted(wanted)
+    assert sorted(p.name for p in root.parent.iterdir()) == ["downstream"]
+    assert common.load_sts(root, "test")["STS12"]
+
+
+def tar_of(members):
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+            else:
+                info.size = len(data)
+            tar.addfile(info, io.BytesIO(data or b""))
+    return out.getvalue()
+
+
+def repacked(prefix, hub):
+    """The recorded members' contents (as the stand-in serves them), re-packed under prefix."""
+    with tarfile.open(fileobj=io.BytesIO(hub.files[TAR])) as tar:
+        return [(prefix + m.name, tar.extractfile(m).read()) for m in tar if m.isfile()]
+
+
+@pytest.mark.parametrize("prefix", ["downstream/", "SentEval/data/downstream/", "./"])
+def test_a_repacked_senteval_tar_works_too(prefix, hub):
+    members = repacked(prefix, hub)
+    hub.files[TAR] = tar_of(members)
+    root = common.download_senteval()
+    common.check_senteval(root, "test")
+    assert (root / "CR" / "custrev.pos").is_file() and not (root / "SNLI").exists()
+
+
+@pytest.mark.parametrize("hostile", ["../escaped.txt", "/tmp/escaped.txt", "STS/../../escaped.txt",
+                                     "STS/link"], ids=["dotdot", "absolute", "inner-dotdot", "symlink"])
+def test_members_that_would_escape_are_refused(hostile, hub, tmp_path):
+    members = repacked("", hub) + [(hostile, None if hostile.endswith("link") else b"x")]
+    hub.files[TAR] = tar_of(members)
+    with pytest.raises(common.UserError, match="refusing this archive"):
+        common.download_senteval()
+    assert not (common.CACHE / "senteval" / "downstream").exists()
+    assert list((common.CACHE / "senteval").iterdir()) == []  # no half-unpacked folder
+    assert not (tmp_path / "escaped.txt").exists() and not os.path.exists("/tmp/escaped.txt")
+
+
+def test_a_tar_without_sts_is_one_line(hub):
+    hub.files[TAR] = tar_of([("README", b"x")])
+    with pytest.raises(common.UserError, match="holds no STS/ folder"):
+        common.download_senteval()
+

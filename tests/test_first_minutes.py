@@ -16,7 +16,6 @@ import diffcse_min
 import esimcse_min
 import simcse_min
 import simcsepp_min
-from test_download import server, serve  # noqa: F401  (server: the local HTTP server fixture)
 from tiny_world import make_senteval, sentence, tokenizer
 
 ROOT = common.Path(common.__file__).parent
@@ -57,11 +56,8 @@ def test_all_input_problems_in_one_line_before_any_work(tmp_path, capsys):
     assert not out.exists()
 
 
-def test_wiki1m_resolves_to_the_simcse_corpus_once(server, tmp_path, monkeypatch, capsys):  # noqa: F811
-    corpus = b"".join(sentence(random.Random(i)).encode() + b"\n" for i in range(20))
-    serve(server, "/datasets/princeton-nlp/datasets-for-simcse/resolve/main/wiki1m_for_simcse.txt", corpus)
-    monkeypatch.setattr(common, "CACHE", tmp_path / "cache")
-    monkeypatch.setattr(common, "HF_ENDPOINT", server.url)
+def test_wiki1m_resolves_to_the_simcse_corpus_once(hub, tmp_path, monkeypatch, capsys):
+    corpus = hub.files["datasets/princeton-nlp/datasets-for-simcse/wiki1m_for_simcse.txt"]
     (tmp_path / "cwd").mkdir()
     monkeypatch.chdir(tmp_path / "cwd")
     assert common.data_problems("wiki1m.txt") == []  # absent, yet known: no problem
@@ -69,9 +65,9 @@ def test_wiki1m_resolves_to_the_simcse_corpus_once(server, tmp_path, monkeypatch
     assert path == tmp_path / "cache" / "data" / "wiki1m_for_simcse.txt" and path.read_bytes() == corpus
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
     assert len(notes) == 1 and "wiki1m_for_simcse.txt" in notes[0], notes
-    assert len(server.requests) == 1
+    assert [host for _, host, _, _ in hub.requests] == ["hub", "cdn"]  # a large file: the hub, then its CDN
     assert common.resolve_data("wiki1m.txt") == path  # cached now: the server is not asked again
-    assert len(server.requests) == 1 and not (tmp_path / "cwd" / "wiki1m.txt").exists()
+    assert len(hub.requests) == 2 and not (tmp_path / "cwd" / "wiki1m.txt").exists()
 
 
 @pytest.mark.parametrize("name, flag", [("bert-base-uncased", "--model"),

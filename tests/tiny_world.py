@@ -32,23 +32,33 @@ def make_model(folder, mlm_head=False, seed=0):
     return folder
 
 
+def senteval_text(rel, rows):
+    """A SentEval file's text in its real format (the files in ../shared) holding rows [(a, b, gold)],
+    or None for a file the STS tasks do not read."""
+    name = rel.rsplit("/", 1)[-1]
+    if name.startswith("STS.input."):
+        return "".join(f"{a}\t{b}\n" for a, b, _ in rows)
+    if name.startswith("STS.gs."):
+        return "".join(f"{g}\n" for _, _, g in rows)
+    if name in ("sts-train.csv", "sts-dev.csv", "sts-test.csv"):
+        return "".join(f"genre\tfile\tyear\t{i:04d}\t{g}\t{a}\t{b}\n" for i, (a, b, g) in enumerate(rows))
+    if name in ("SICK_train.txt", "SICK_trial.txt", "SICK_test_annotated.txt"):
+        return "pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\n" + \
+               "".join(f"{i}\t{a}\t{b}\t{g}\tNEUTRAL\n" for i, (a, b, g) in enumerate(rows))
+    return None
+
+
+def sentence_pairs(rng, n):
+    return [(sentence(rng), sentence(rng), f"{rng.uniform(0, 5):.2f}") for _ in range(n)]
+
+
 def make_senteval(root, n=8, seed=0):
     rng = random.Random(seed)
     root.mkdir(parents=True, exist_ok=True)
-    pair = lambda: (sentence(rng), sentence(rng), f"{rng.uniform(0, 5):.2f}")  # noqa: E731
     for rel in common.sts_files("test") + common.sts_files("dev"):
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        rows = [pair() for _ in range(n)]
-        if "STS.input." in rel:
-            text = "".join(f"{a}\t{b}\n" for a, b, _ in rows)
-        elif "STS.gs." in rel:
-            text = "".join(f"{g}\n" for _, _, g in rows)
-        elif rel.endswith(".csv"):
-            text = "".join(f"genre\tfile\tyear\t{i:04d}\t{g}\t{a}\t{b}\n" for i, (a, b, g) in enumerate(rows))
-        else:
-            text = "pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\n" + \
-                   "".join(f"{i}\t{a}\t{b}\t{g}\tNEUTRAL\n" for i, (a, b, g) in enumerate(rows))
+        text = senteval_text(rel, sentence_pairs(rng, n))
         if not path.exists():
             path.write_text(text)
     return root

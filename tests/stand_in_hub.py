@@ -1,0 +1,270 @@
+"""A stand-in for huggingface.co on 127.0.0.1, built from the recorded facts in fixtures/hub_facts.py
+(each with its source there), never from what common.py expects:
+
+- the hub answers HEAD and GET on /{repo_id}/resolve/{revision}/{filename} (datasets: /datasets/...):
+  a file stored in git with 200 and its git-SHA1 as ETag; a file stored in LFS with 302 to the CDN
+  (another host: its own port), X-Linked-Etag (its SHA-256), X-Linked-Size and a text body; a renamed
+  repository with a relative redirect to its new name; a missing file with 404 EntryNotFound, another
+  revision with 404 RevisionNotFound, an unknown repository with 401 RepoNotFound, a gated one with
+  403 GatedRepo; every answer carries X-Repo-Commit;
+- the CDN serves the bytes with Range (206, 416 past the end) and its own ETag, the Xet hash, which
+  is not the SHA-256.
+
+The files are cut small: every file a repository holds is there, with tiny content: a 2-layer model
+in the real files' format, a few hundred sentences, senteval.tar with all 132 recorded members in
+their order and a few rows in each file SentEval reads.
+"""
+import hashlib
+import http.server
+import io
+import json
+import random
+import re
+import socket
+import struct
+import tarfile
+import threading
+import urllib.parse
+
+import torch
+
+import common
+from fixtures import hub_facts as facts
+from fixtures.make_roberta_fixtures import bpe_vocab, read_merges
+from tiny_world import senteval_text, sentence, sentence_pairs, tokenizer
+
+
+def git_sha1(data):
+    """The ETag of a file stored in git: git's blob hash [huggingface_hub hf_hub_url docstring]."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+class StandInHub:
+    """Two servers on 127.0.0.1, the hub and its CDN, serving `files` {"repo_id/filename": bytes}."""
+
+    def __init__(self, files, lfs=(), gated=()):
+        self.files, self.gated, self.requests = dict(files), set(gated), []
+        self.repos = {name.rsplit("/", 1)[0] for name in self.files} | self.gated
+        self.lfs = {name for name in self.files if name in lfs or is_lfs(name, self.files[name])}
+        self.unstated = set()  # LFS files whose hub answer states no X-Linked-Etag
+        self.cut_after, self.reset = None, False  # the CDN's next answer stops after N bytes
+        self.ignore_range = self.corrupt = False  # the CDN answers 200 to a Range / flips a byte
+        self.hub, self.cdn = serve(HubHandler, self), serve(CDNHandler, self)
+        self.url = f"http://127.0.0.1:{self.hub.server_address[1]}"
+        self.cdn_url = f"http://127.0.0.1:{self.cdn.server_address[1]}"
+
+    def close(self):
+        for server in (self.hub, self.cdn):
+            server.shutdown()
+            server.server_close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def served(self, repo_file):
+        return self.files[repo_file]
+
+
+def is_lfs(name, data):
+    """Stored in LFS: marked so in the facts ("name:L"), or over 10 MB (the hub's limit for git)."""
+    repo, _, file = name.rpartition("/")
+    return f"{file}:L" in {**facts.MODEL_FILES, **facts.DATASET_FILES}.get(repo, []) or \
+        len(data) > 10 << 20
+
+
+def serve(handler, hub):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads, server.hub = True, hub
+    threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()
+    return server
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        self.server.hub.requests.append((self.command, self.host(), self.path,
+                                         self.headers.get("Range")))
+        self.answer(body=True)
+
+    def do_HEAD(self):
+        self.server.hub.requests.append((self.command, self.host(), self.path,
+                                         self.headers.get("Range")))
+        self.answer(body=False)
+
+    def host(self):
+        return "hub" if isinstance(self, HubHandler) else "cdn"
+
+    def send(self, status, headers, body=b"", send_body=True):
+        self.send_response(status)
+        for k, v in {"Content-Length": str(len(body)), **headers}.items():
+            self.send_header(k, v)
+        self.end_headers()
+        if send_body:
+            self.wfile.write(body)
+
+
+class HubHandler(Handler):
+    def answer(self, body):
+        hub = self.server.hub
+        path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+        m = re.fullmatch(r"/(.+?)/resolve/([^/]+)/(.+)", path)
+        if not m:
+            return self.send(404, {}, b"Not Found", body)
+        repo, revision, file = m.groups()
+        commit = hashlib.sha1(repo.encode()).hexdigest()
+        if repo in facts.RENAMED:  # a renamed repository: a relative redirect to the new name
+            return self.send(307, {"Location": f"/{facts.RENAMED[repo]}/resolve/{revision}/{file}"},
+                             b"Temporary Redirect", body)
+        for code in ("GatedRepo", "RepoNotFound", "RevisionNotFound", "EntryNotFound"):
+            if {"GatedRepo": repo in hub.gated, "RepoNotFound": repo not in hub.repos,
+                    "RevisionNotFound": revision != "main",
+                    "EntryNotFound": f"{repo}/{file}" not in hub.files}[code]:
+                return self.send(facts.ERRORS[code], {"X-Error-Code": code, "X-Repo-Commit": commit,
+                                                      "X-Error-Message": code}, code.encode(), body)
+        data = hub.files[f"{repo}/{file}"]
+        if f"{repo}/{file}" in hub.lfs:
+            sha256 = hashlib.sha256(data).hexdigest()
+            location = f"{hub.cdn_url}/repos/{sha256}?X-Xet-Cas-Uid=public"
+            stated = {} if f"{repo}/{file}" in hub.unstated else {"X-Linked-Etag": f'"{sha256}"'}
+            return self.send(302, {"Location": location, **stated, "X-Linked-Size": str(len(data)),
+                                   "X-Repo-Commit": commit,
+                                   "Content-Type": "text/plain; charset=utf-8"},
+                             f"Found. Redirecting to {location}".encode(), body)
+        self.send(200, {"ETag": f'"{git_sha1(data)}"', "X-Repo-Commit": commit}, data, body)
+
+
+class CDNHandler(Handler):
+    def answer(self, body):
+        hub = self.server.hub
+        m = re.fullmatch(r"/repos/([0-9a-f]{64})(\?.*)?", self.path)
+        data = next((hub.files[n] for n in hub.lfs
+                     if m and hashlib.sha256(hub.files[n]).hexdigest() == m[1]), None)
+        if data is None:
+            return self.send(404, {}, b"Not Found", body)
+        xet_hash = hashlib.sha256(b"xet merkle " + data).hexdigest()  # 64 hex, not the SHA-256
+        headers = {"ETag": f'"{xet_hash}"', "Accept-Ranges": "bytes",
+                   "Content-Type": "application/octet-stream"}
+        if hub.corrupt:
+            data = bytes([data[0] ^ 1]) + data[1:]
+        start, status = 0, 200
+        r = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range") or "")
+        if r and not hub.ignore_range:
+            start, status = int(r[1]), 206
+            if start >= len(data):
+                return self.send(416, {"Content-Range": f"bytes */{len(data)}"}, b"", body)
+            headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+        chunk = data[start:]
+        if hub.cut_after is None or not body:
+            return self.send(status, headers, chunk, body)
+        self.send(status, headers | {"Content-Length": str(len(chunk))}, send_body=False)
+        self.wfile.write(chunk[:hub.cut_after])  # fewer bytes than Content-Length says: a cut
+        self.wfile.flush()
+        hub.cut_after, self.close_connection = None, True
+        if hub.reset:  # an abortive close (RST), as a dropped connection looks to the client
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.connection.close()
+
+
+# --- The files, cut small -------------------------------------------------------------------------
+
+def placeholder(name):
+    return f"stand-in for {name}: not read by simcse-min\n".encode()
+
+
+def folder_files(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*")
+            if p.is_file()}
+
+
+def tiny_bert(tmp, name, mlm_head=False, seed=0):
+    """A 2-layer BERT in the files Hugging Face's BERT repositories use (config.json, vocab.txt,
+    model.safetensors) and pytorch_model.bin (a state_dict, as torch.save writes it)."""
+    torch.manual_seed(seed)
+    tok = tokenizer()
+    model = common.Bert(common.BertConfig.tiny(vocab_size=len(tok.vocab)), mlm_head=mlm_head)
+    model.save_pretrained(tmp / name, tok)
+    files = folder_files(tmp / name)
+    buffer = io.BytesIO()
+    torch.save({"bert." + common.hf_name(k): v for k, v in model.state_dict().items()}, buffer)
+    return files | {"pytorch_model.bin": buffer.getvalue(),
+                    "tokenizer_config.json": b'{"do_lower_case": true}'}
+
+
+def tiny_distilbert(tmp, seed=1):
+    """A 2-layer DistilBertForMaskedLM: DistilBERT's config keys and tensor names, BERT's vocab."""
+    torch.manual_seed(seed)
+    tok = tokenizer()
+    cfg = common.BertConfig.tiny(vocab_size=len(tok.vocab), type_vocab_size=0)
+    model = common.Bert(cfg, mlm_head=True)
+    tensors = {("" if k.startswith("mlm") else "distilbert.") + common.hf_name(k, "distilbert"): v
+               for k, v in model.state_dict().items()}
+    tensors["vocab_projector.weight"] = tensors["distilbert.embeddings.word_embeddings.weight"]
+    keys = {v: k for k, v in common.DISTILBERT_CONFIG.items()}
+    config = {"model_type": "distilbert", "architectures": ["DistilBertForMaskedLM"],
+              "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.max_position_embeddings,
+              **{keys[k]: getattr(cfg, k) for k in keys if hasattr(cfg, k)},
+              "activation": "gelu", "sinusoidal_pos_embds": False, "pad_token_id": 0}
+    common.write_safetensors(tmp / "distilbert.safetensors", tensors)
+    vocab = "".join(t + "\n" for t in tok.vocab)
+    return {"config.json": json.dumps(config).encode(), "vocab.txt": vocab.encode(),
+            "model.safetensors": (tmp / "distilbert.safetensors").read_bytes(), "tokenizer_config.json": b'{"do_lower_case": true}'}
+
+
+def tiny_roberta(tmp, name, seed=2):
+    merges = read_merges()[:40]
+    tok = common.BPETokenizer(bpe_vocab(merges), merges)
+    torch.manual_seed(seed)
+    model = common.Bert(common.BertConfig.tiny(vocab_size=len(tok.vocab), model_type="roberta",
+                                               pad_token_id=1))
+    model.save_pretrained(tmp / name, tok)
+    return folder_files(tmp / name) | {"tokenizer_config.json": b'{"model_max_length": 512}'}
+
+
+def senteval_tar(rows=6, seed=0):
+    """senteval.tar with every recorded member, in the recorded order: a few rows in each file
+    SentEval reads (STS, SICK), a placeholder in the others."""
+    rng, out = random.Random(seed), io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name in facts.SENTEVAL_MEMBERS:
+            info = tarfile.TarInfo(name.rstrip("/"))
+            if name.endswith("/"):
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+                continue
+            text = senteval_text(name, sentence_pairs(rng, rows))
+            data = text.encode() if text is not None else placeholder(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def hub_files(tmp, sentences=300):
+    """Every recorded repository's files, cut small -> {"repo_id/filename": bytes}."""
+    rng = random.Random(3)
+    made = {"bert": tiny_bert(tmp, "bert"), "distilbert": tiny_distilbert(tmp),
+            "roberta": tiny_roberta(tmp, "roberta")}
+    kind = {"google-bert/bert-base-uncased": "bert", "google-bert/bert-large-uncased": "bert",
+            "sentence-transformers/all-MiniLM-L6-v2": "bert",
+            "google/bert_uncased_L-4_H-256_A-4": "bert",
+            "distilbert/distilbert-base-uncased": "distilbert", "FacebookAI/roberta-base": "roberta",
+            "FacebookAI/roberta-large": "roberta", "distilbert/distilroberta-base": "roberta"}
+    files = {}
+    for repo, listed in facts.MODEL_FILES.items():
+        for entry in listed:
+            name = entry.removesuffix(":L")
+            files[f"{repo}/{name}"] = made[kind[repo]].get(name) or placeholder(f"{repo}/{name}")
+    lines = [sentence(rng) for _ in range(sentences)]
+    nli = ["sent0,sent1,hard_neg"] + [f"{a},{b},{c}" for a, b, c in zip(lines, lines[1:], lines[2:])]
+    data = {"wiki1m_for_simcse.txt": "".join(s + "\n" for s in lines).encode(),
+            "nli_for_simcse.csv": "".join(s + "\n" for s in nli).encode(),
+            "senteval.tar": senteval_tar()}
+    for repo, names in facts.DATASET_FILES.items():
+        files |= {f"{repo}/{n.removesuffix(':L')}": data[n.removesuffix(':L')] for n in names}
+    return files
