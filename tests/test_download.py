@@ -180,14 +180,16 @@ def test_a_name_with_glob_characters_matches_only_itself(hub, tmp_path):
     assert hub.requests == []
 
 
-def test_simcse_cache_that_is_a_file_is_one_line(hub, tmp_path, monkeypatch):
-    (tmp_path / "a-file").write_text("")
-    monkeypatch.setattr(common, "CACHE", tmp_path / "a-file")
+@pytest.mark.parametrize("where", ["a file", "/sys/simcse-cache"], ids=["file", "unwritable"])
+def test_simcse_cache_that_is_a_file_or_unwritable_is_one_line(where, hub, tmp_path, monkeypatch):
+    """/sys refuses a new folder even to root (chmod does not stop root, and CI runs as root)."""
+    (tmp_path / "a file").write_text("")
+    monkeypatch.setattr(common, "CACHE", tmp_path / where)
     with pytest.raises(common.UserError, match="SIMCSE_CACHE .* must name a writable folder"):
         common.resolve_model("bert-base-uncased")
     with pytest.raises(common.UserError, match="SIMCSE_CACHE"):
         common.download_senteval()
-    assert (tmp_path / "a-file").read_text() == ""
+    assert (tmp_path / "a file").read_text() == "" and not os.path.exists("/sys/simcse-cache")
 
 
 # --- senteval.tar -----------------------------------------------------------------------------------------

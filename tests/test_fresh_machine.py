@@ -44,10 +44,10 @@ def machine(recorded_hub_files, tmp_path_factory):
     with StandInHub(recorded_hub_files) as hub:
         env["HF_ENDPOINT"] = hub.url
 
-        def run(command):
+        def run(command, status=0):
             done = subprocess.run(["bash", "-c", command], cwd=clone, env=env, capture_output=True, text=True,
                                   timeout=300)
-            assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+            assert done.returncode == status, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
             assert "Traceback" not in done.stderr, done.stderr[-3000:]
             return done.stdout + done.stderr
         yield run, home, hub, clone
@@ -120,3 +120,10 @@ def test_download_senteval_and_eval_of_a_known_name(machine):
     out = run("python common.py eval --model bert-base-uncased --device cpu")
     assert "STS-B" in out and "Avg" in out
     assert_cache_complete(home, hub)
+
+
+def test_simcse_cache_that_is_a_file_is_one_line_at_the_command_line(machine, tmp_path):
+    run, home, hub, clone = machine
+    (tmp_path / "cache-file").write_text("")
+    out = run(f"SIMCSE_CACHE={tmp_path / 'cache-file'} python common.py download bert-base-uncased", status=2)
+    assert out.count("\n") == 1 and out.startswith("error: ") and "SIMCSE_CACHE" in out, out
