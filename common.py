@@ -373,8 +373,7 @@ class Bert(nn.Module):
         state, unused = rename_checkpoint(tensors, model_type, model)  # Hugging Face names -> ours
         model.load_state_dict(state, strict=True)
         if unused and not quiet:
-            print(f"{folder.name}: not used from the checkpoint: {', '.join(sorted(unused))}",
-                  file=sys.stderr)
+            note_unused(folder, unused)  # Part 2: once, and why
         if dropout is not None:
             model.set_dropout(dropout)
         return model
@@ -463,8 +462,10 @@ def pool(states, mask, pooler):
     return (h * m).sum(1) / m.sum(1)
 
 
-def encode_sentences(model, tok, sentences, pooler="cls", batch_size=128, id_lists=None):
-    """Sentence vectors [N, H] (float32, CPU) in eval mode, sorted by length to cut padding."""
+def encode_sentences(model, tok, sentences, pooler="cls", batch_size=128, id_lists=None,
+                     progress=None):
+    """Vectors [N, H] (float32, CPU) in eval mode, sorted by length to cut padding; progress(done,
+    total) after each batch."""
     if pooler not in POOLERS:
         raise UserError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
     id_lists = id_lists or [tok.encode(s, model.cfg.max_tokens) for s in sentences]
@@ -478,6 +479,7 @@ def encode_sentences(model, tok, sentences, pooler="cls", batch_size=128, id_lis
             ids, mask = (to_device(t, device) for t in tok.pad([id_lists[i] for i in idx]))
             states = model.encode(model.embed(ids), mask, pooler != "cls", cls_only=pooler == "cls")
             out[idx] = pool(states if pooler != "cls" else [states], mask, pooler).float().cpu()
+            progress and progress(start + len(idx), len(order))  # Part 2 shows it
     model.train(was_training)
     return out
 
@@ -492,14 +494,15 @@ def score_pairs(pred, gold):
             "pearson": 100 * scipy.stats.pearsonr(pred, gold)[0], "n": len(gold)}
 
 
-def evaluate_sts(model, tok, root, mode="test", pooler="cls", batch_size=128, tasks=None):
+def evaluate_sts(model, tok, root, mode="test", pooler="cls", batch_size=128, tasks=None,
+                 progress=None):
     """Spearman x 100 per task as the papers report it, plus details (Pearson, subsets, 'mean',
     'wmean'). Each distinct sentence is encoded once. STS12-16 report 'all', the subsets joined
     into one Spearman [SimCSE's SentEval fork]; STS-B, SICK-R the mode's split (dev: SICK trial)."""
     start, tasks = time.time(), tasks or load_sts(root, mode)
     unique = sorted({s for subs in tasks.values() for a, b, _ in subs.values() for s in a + b})
     index = {s: i for i, s in enumerate(unique)}
-    vectors = encode_sentences(model, tok, unique, pooler, batch_size)  # [N, H]
+    vectors = encode_sentences(model, tok, unique, pooler, batch_size, progress=progress)  # [N, H]
     results, details = {}, {}
     for task, subsets in tasks.items():
         preds = {name: cosine(vectors[[index[s] for s in a]], vectors[[index[s] for s in b]])
@@ -535,8 +538,8 @@ class DevSet:
         self.tok, self.ids = tok, [tok.encode(s, max_len) for s in a + b]
         self.distinct, self.align_uniform = distinct_indices(a + b), (math.nan, math.nan)
 
-    def score(self, model):
-        vectors = encode_sentences(model, self.tok, None, "cls", 256, self.ids)  # [3000, H]
+    def score(self, model, progress=None):
+        vectors = encode_sentences(model, self.tok, None, "cls", 256, self.ids, progress)  # [3k, H]
         a, b = vectors[:len(self.gold)], vectors[len(self.gold):]  # [1500, H] each
         self.align_uniform = align_uniform(a, b, self.gold, vectors[self.distinct])
         return float(100 * scipy.stats.spearmanr(cosine(a, b), self.gold)[0])
@@ -714,7 +717,7 @@ class Run:
         """STS-B dev Spearman of the raw [CLS], logged; rank 0 evaluates (NaN elsewhere)."""
         if self.rank > 0:
             return math.nan
-        dev = self.dev.score(unwrap(model))
+        dev = self.dev.score(unwrap(model), Progress("STS-B dev"))
         align, uniform = self.dev.align_uniform
         self.dev_history.append([step, round(dev, 4)])
         self.align_uniform.append([step, round(align, 6), round(uniform, 6)])  # NaN: JSON null
@@ -739,7 +742,7 @@ class Run:
         model = unwrap(model)
         if self.best_state is not None:
             model.load_state_dict(self.best_state)
-        test = evaluate_sts(model, tok, self.senteval, "test", "cls")
+        test = evaluate_sts(model, tok, self.senteval, "test", "cls", progress=Progress("STS test"))
         self.log(format_table(test))
         model.save_pretrained(self.out, tok)
         results = {"method": self.method, "config": dataclasses.asdict(self.cfg),
@@ -1113,6 +1116,23 @@ def rename_checkpoint(tensors, model_type, model):
     return state, unused
 
 
+_NOTED = set()
+
+
+def note_unused(folder, unused):
+    """The checkpoint's tensors the model leaves out, said once a process (DiffCSE loads twice)."""
+    key = (folder, *sorted(unused))
+    if key in _NOTED:
+        return
+    _NOTED.add(key)
+    heads = all(re.match(r"(bert\.|roberta\.)?(pooler|cls|lm_head|vocab_\w+)\.", k)
+                for k in unused)  # BERT's pooler and MLM/NSP heads, RoBERTa's, DistilBERT's
+    why = " (pretraining heads: sentence vectors are the raw [CLS]; each method trains its own " \
+          "head)" if heads else ""
+    print(f"{folder.name}{why}: not used from the checkpoint: {', '.join(key[1:])}",
+          file=sys.stderr)
+
+
 def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
     """A folder that BertModel (RobertaModel) and sentence-transformers (CLS pooling) load with our
     vectors."""
@@ -1178,6 +1198,7 @@ KNOWN_MODELS = {  # name -> the files we read (what each repository holds: tests
 _DATA = "datasets/princeton-nlp/datasets-for-simcse/resolve/main/"
 KNOWN_DATA = {f: _DATA + f for f in ("wiki1m_for_simcse.txt", "nli_for_simcse.csv", "senteval.tar")}
 DATA_ALIASES = {"wiki1m.txt": "wiki1m_for_simcse.txt"}  # the name the papers' READMEs use
+HOW_TO_GET = {"--generator": " (or make one from --model: python tests/make_generator.py --help)"}
 
 
 def hub_cache():
@@ -1207,8 +1228,9 @@ def resolve_model(name_or_dir, flag="--model"):
     if cached or files and all((ours / f).exists() for f in files):
         return cached or ours
     if files is None:
-        raise UserError(f"{flag} {name_or_dir!r} is neither a folder nor a known name ("
-                        f"{', '.join(KNOWN_MODELS)}); pass the path of a Hugging Face model folder")
+        raise UserError(f"{flag or 'the name'} {name_or_dir!r} is neither a folder nor a known "
+                        f"name ({', '.join(KNOWN_MODELS)}); pass a Hugging Face model folder"
+                        + HOW_TO_GET.get(flag, ""))
     for f in files:
         download(f"{HF_ENDPOINT}/{name_or_dir}/resolve/main/{f}", ours / f, flag=flag)
     return ours
@@ -1244,7 +1266,7 @@ def hub_answer(url):
             sha256 if re.fullmatch(r"[0-9a-f]{64}", sha256) else None)
 
 
-def download(url, dest, expected_sha256=None, flag="the path"):
+def download(url, dest, expected_sha256=None, flag=None):
     """url -> dest with a progress line, resuming a .part file, checking the size and SHA-256 the
     hub states (or expected_sha256). A failed download leaves no empty folder; a cut one keeps its
     .part, and the same command resumes it."""
@@ -1273,7 +1295,9 @@ def download(url, dest, expected_sha256=None, flag="the path"):
                         + (f" ({code}{': ' * bool(why)}{why})" if code else "")) from None
     except urllib.error.URLError as e:
         raise UserError(f"cannot download {url} ({e.reason}): you seem to be offline; fetch it "
-                        f"where there is internet and pass its path with {flag}") from None
+                        f"where there is internet and " + (f"pass its path with {flag}" if flag
+                                                           else f"put it at {dest}")
+                        + HOW_TO_GET.get(flag, "")) from None
     except (OSError, http.client.HTTPException) as e:  # reset, timed out or cut: keep the part
         size = part.stat().st_size if part.exists() else 0
         raise UserError(f"download of {url} was cut at {size} of {total} bytes "
@@ -1315,7 +1339,7 @@ def sha256_file(path):
     return h.hexdigest()
 
 
-def resolve_data(path):
+def resolve_data(path, flag="--data"):
     """A local file, else a known SimCSE file (wiki1m.txt: wiki1m_for_simcse.txt) fetched once."""
     p = Path(path).expanduser()
     name = DATA_ALIASES.get(p.name, p.name)
@@ -1325,21 +1349,21 @@ def resolve_data(path):
     print(f"note: no {path} here: using SimCSE's {name} from {cached.parent}"
           + ("" if cached.exists() else " (downloading it once)"), file=sys.stderr)
     return cached if cached.exists() else download(f"{HF_ENDPOINT}/{KNOWN_DATA[name]}", cached,
-                                                   flag="--data")
+                                                   flag=flag)
 
 
 SENTEVAL_TASKS = ("STS", "SICK",  # the STS table; then the transfer tasks [SentEval]
                   "CR", "MPQA", "MR", "MRPC", "SST", "SUBJ", "TREC")
 
 
-def download_senteval(dest=None):
+def download_senteval(dest=None, flag="--senteval"):
     """SimCSE's senteval.tar (once) -> dest/downstream/{STS,SICK,CR,...}. Its members sit at the
     top (STS/..., SICK/...: the official script untars it inside SentEval/data/downstream); a tar
     re-packed with them under a downstream/ folder works too. Members that would land outside
     dest, and links, refuse the archive."""
     dest, tar_path = Path(dest or CACHE / "senteval"), CACHE / "data" / "senteval.tar"
     if not tar_path.is_file():  # a whole file: download() renames it into place at the end
-        download(f"{HF_ENDPOINT}/{KNOWN_DATA['senteval.tar']}", tar_path, flag="--senteval")
+        download(f"{HF_ENDPOINT}/{KNOWN_DATA['senteval.tar']}", tar_path, flag=flag)
     dest.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dest, prefix=".unpacking-"))
     try:
@@ -1432,17 +1456,45 @@ class OneLineErrors(argparse.ArgumentParser):
         sys.exit(2)
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults shown where they say something (an empty one is explained by its help), switches
+    shown bare (`--compile`, not `--compile [COMPILE]`)."""
+
+    def _get_help_string(self, action):
+        if action.const is True:  # a switch
+            return f"{action.help} (default: {'on' if action.default else 'off'})"
+        return action.help if action.default in ("", None, argparse.SUPPRESS) else \
+            super()._get_help_string(action)
+
+    def _format_args(self, action, default_metavar):
+        return "" if action.const is True else super()._format_args(action, default_metavar)
+
+    def _format_action_invocation(self, action):
+        return ", ".join(action.option_strings) if action.const is True else \
+            super()._format_action_invocation(action)
+
+
+FLAG_GROUPS = {"data and model": ("data", "model", "senteval", "generator"),
+               "training": ("device", "precision", "seed", "batch_size", "max_len", "lr", "epochs",
+                            "max_steps", "dropout", "compile"),
+               "method": (),  # every other field: the method's own
+               "run and output": ("out_dir", "eval_every", "save_every", "resume", "overwrite")}
+
+
 def parse_args(config_cls, argv=None):
-    """Dataclass fields -> `--name value` flags (booleans also bare), --help from their comments."""
+    """Dataclass fields -> `--name value` flags in FLAG_GROUPS (booleans also bare), --help from
+    their comments."""
     helps = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.+)$", inspect.getsource(config_cls), re.M))
     doc = " ".join((sys.modules[config_cls.__module__].__doc__ or "").split("\n\n")[0].split())
-    parser = OneLineErrors(description=doc, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = OneLineErrors(description=doc, formatter_class=HelpFormatter)
+    groups = {name: parser.add_argument_group(name) for name in FLAG_GROUPS}
     kinds = {"bool": parse_bool, "int": int, "float": float}
     for f in dataclasses.fields(config_cls):
         kind = kinds.get(getattr(f.type, "__name__", f.type))  # a type or a string annotation
         switch = dict(nargs="?", const=True) if kind is parse_bool else {}  # bare `--compile`: true
-        parser.add_argument(f"--{f.name}", type=kind or str, default=f.default,
-                            help=helps.get(f.name, " "), **switch)
+        group = next((g for g, names in FLAG_GROUPS.items() if f.name in names), "method")
+        groups[group].add_argument(f"--{f.name}", type=kind or str, default=f.default,
+                                   help=helps.get(f.name, " "), **switch)
     return config_cls(**vars(parser.parse_args(argv)))
 
 
@@ -1560,7 +1612,8 @@ def model_problems(name, flag):
     """A model that is neither a usable folder nor a name we can fetch."""
     folder, known = Path(name).expanduser(), str(name) in KNOWN_MODELS or hub_snapshot(name)
     why = folder_problem(folder) if folder.is_dir() else "" if known else \
-        f"is neither a folder nor a known name ({', '.join(KNOWN_MODELS)})"
+        f"is neither a folder nor a known name ({', '.join(KNOWN_MODELS)})" + \
+        HOW_TO_GET.get(flag, "")
     return [f"{flag} {name} {why}"] if why else []
 
 
@@ -1634,6 +1687,32 @@ def read_training_data(path):
     return [tuple(s[:MAX_SENTENCE_CHARS] for s in r) for r in rows] if cut else rows
 
 
+class Progress:
+    """progress(done, total) -> a line on stderr: in place on a terminal (erased at the end: what
+    follows says it), else one every PROGRESS_EVERY seconds (a log, and its last); rank 0 only."""
+
+    def __init__(self, what, unit="sentences encoded"):
+        self.what, self.unit, self.start = what, unit, time.time()
+        self.shown, self.tty = self.start, sys.stderr.isatty()
+
+    def __call__(self, done, total):
+        now, last = time.time(), done >= total
+        due = now - self.shown >= (0.5 if self.tty else PROGRESS_EVERY)
+        if world()[0] > 0 or not (last or due):
+            return
+        spent, long = now - self.start, self.shown > self.start  # long: a line was shown
+        eta = "done" if last else f"eta {spent / max(done, 1) * (total - done):.0f} s"
+        line = f"{self.what}: {done:,}/{total:,} {self.unit} | {spent:.0f} s | {eta}"
+        self.shown = now
+        if self.tty:
+            print("\r" + (line if not last else "") + "\033[K", end="", file=sys.stderr, flush=True)
+        elif not last or long:
+            print(line, file=sys.stderr, flush=True)
+
+
+PROGRESS_EVERY = 10.0  # seconds between progress lines in a log (not a terminal)
+
+
 def main_guard(fn, *args):
     """Run a command-line entry point: a UserError is one line on stderr and its exit status (2),
     never a traceback. Under torchrun the process group ends after a normal return."""
@@ -1680,15 +1759,17 @@ def cpu_workers(cap=16):
 def tokenize_corpus(tok, texts, max_len=None, workers=None, min_parallel=20_000):
     """Sentences -> id lists; `workers` processes (cpu_workers()) from `min_parallel` sentences on.
     Forked before any model is on a GPU; under torchrun (its threads running) spawned instead."""
-    workers = workers or cpu_workers()
-    if workers == 1 or len(texts) < min_parallel:
-        return [tok.encode(t, max_len) for t in texts]
-    size = math.ceil(len(texts) / (4 * workers))
+    workers, progress, out = workers or cpu_workers(), Progress("corpus", "sentences tokenized"), []
+    serial = workers == 1 or len(texts) < min_parallel
+    size = 10_000 if serial else math.ceil(len(texts) / (16 * workers))
     chunks = [(tok, texts[i:i + size], max_len) for i in range(0, len(texts), size)]
     fork = sys.platform == "linux" and world()[1] == 1
-    context = multiprocessing.get_context("fork" if fork else "spawn")
-    with context.Pool(workers) as p:
-        return [ids for part in p.map(_encode_chunk, chunks) for ids in part]
+    with contextlib.nullcontext() if serial else \
+            multiprocessing.get_context("fork" if fork else "spawn").Pool(workers) as pool:
+        for part in map(_encode_chunk, chunks) if serial else pool.imap(_encode_chunk, chunks):
+            out += part
+            progress(len(out), len(texts))
+    return out
 
 
 class TokenizedRows:
@@ -1969,6 +2050,9 @@ def catch_signals(run):
         has_checkpoint = (run.out / "checkpoint.pt").exists() and not run.saving
         if run.signals > 2 or run.signals == 2 and has_checkpoint:
             release_run(run)  # a further one acts as if no run were here
+            print(f"\n{signal.Signals(signum).name} again: stopping now" + (
+                f"; the last checkpoint is kept: continue with --resume {run.out}"
+                if has_checkpoint else ""), file=sys.stderr, flush=True)
             raise KeyboardInterrupt
         run.signal = run.signal or signum
         later = "" if run.signals == 1 else "; no checkpoint yet: one first (again to stop now)"
@@ -2153,7 +2237,8 @@ def analyze_model(model, tok, root, pooler="cls", split="test", batch_size=128):
     a, b, gold = load_sts_split(root, "STSBenchmark", split)
     unique = sorted(set(a + b))  # uniformity counts a repeated sentence once
     index = {s: i for i, s in enumerate(unique)}
-    vectors = encode_sentences(model, tok, unique, pooler, batch_size)  # [M, H], as `eval` has them
+    vectors = encode_sentences(model, tok, unique, pooler, batch_size,  # [M, H], as `eval` has them
+                               progress=Progress(f"STS-B {split}"))
     va, vb = vectors[[index[s] for s in a]], vectors[[index[s] for s in b]]  # [N, H] each
     (align, uniform), sims = align_uniform(va, vb, gold, vectors), cosine(va, vb)  # sims [N]
     return {"split": f"STS-B {split}", "pooler": pooler, "pairs": len(gold),
@@ -2347,17 +2432,17 @@ def plot_similarity_by_score(models, path):
 # --- Command line: python common.py eval | download | analyze ------------------------------------
 
 def cli(argv=None):
-    """python common.py eval | download | analyze, each with --help."""
-    parser = argparse.ArgumentParser(prog="common.py", description="simcse-min tools: STS "
-                                     "evaluation, embedding analysis, downloads.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    fmt = {"formatter_class": argparse.ArgumentDefaultsHelpFormatter}
+    """python common.py eval | download | analyze, each with --help; alone: the commands."""
+    parser = OneLineErrors(prog="common.py", description="simcse-min tools: STS evaluation, "
+                           "embedding analysis, downloads.", formatter_class=HelpFormatter)
+    sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+    fmt = {"formatter_class": HelpFormatter}
     ev = sub.add_parser("eval", help="STS evaluation of a model, as the papers report it", **fmt)
     dl = sub.add_parser("download", help="fetch a model or data set into ~/.cache/simcse-min "
-                        "(needs internet)")
+                        "(needs internet)", **fmt)
     data = ", ".join(k for k in KNOWN_DATA if k != "senteval.tar")
-    dl.add_argument("what", help=f"senteval, a data file ({data}) or a model "
-                                 f"({', '.join(KNOWN_MODELS)})")
+    dl.add_argument("what", help=f"senteval (SimCSE's senteval.tar, unpacked), a data file "
+                                 f"({data}) or a model ({', '.join(KNOWN_MODELS)})")
     an = sub.add_parser("analyze", help="alignment/uniformity, singular values, similarity by gold "
                         "score: JSON + SVGs", **fmt)
     pooler = ("cls: raw last-layer [CLS] (the papers' test vector); avg: mean of the last layer; "
@@ -2365,34 +2450,42 @@ def cli(argv=None):
     for p, model, pooler in ((ev, "e.g. bert-base-uncased", pooler),
                              (an, "the first point of every figure",
                               "sentence vector, as in `eval`")):
-        p.add_argument("--model", required=True, help=f"model folder or known name ({model})")
-        p.add_argument("--pooler", default="cls", choices=POOLERS, help=pooler)
-        p.add_argument("--senteval", default="", help="SentEval data folder (holding STS/ and "
-                       "SICK/, or downstream/)")
-        p.add_argument("--batch_size", type=int, default=128, help="sentences per encoding batch")
-        p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
-    ev.add_argument("--mode", default="test", choices=("test", "dev"),
-                    help="test: STS12-16, STS-B and SICK-R test; dev: STS-B dev and SICK-R trial")
-    ev.add_argument("--json", default="", help="also write the scores to this JSON file")
-    an.add_argument("--compare", nargs="+", default=[], help="more model folders or names, drawn "
-                    "beside it")
-    an.add_argument("--runs", nargs="+", default=[], help="results.json files whose alignment/"
-                    "uniformity history is drawn as a trajectory (a model folder's own is found)")
-    an.add_argument("--out", required=True, help="folder for analysis.json and the three .svg "
-                    "figures")
+        inputs, run = p.add_argument_group("data and model"), p.add_argument_group("run and output")
+        p.groups = inputs, run
+        inputs.add_argument("--model", required=True, help=f"model folder or known name ({model})")
+        inputs.add_argument("--senteval", default="", help="SentEval data folder (holding STS/ and "
+                            "SICK/, or downstream/); empty: ./SentEval/data/downstream, else "
+                            "~/.cache/simcse-min/senteval, else SimCSE's senteval.tar fetched once")
+        inputs.add_argument("--pooler", default="cls", choices=POOLERS, help=pooler)
+        run.add_argument("--batch_size", type=int, default=128, help="sentences per encoding batch")
+        run.add_argument("--device", default="auto", help="cpu, cuda or mps; auto: cuda, else mps, "
+                         "else cpu")
+    ev.groups[0].add_argument("--mode", default="test", choices=("test", "dev"), help="test: "
+                              "STS12-16, STS-B and SICK-R test; dev: STS-B dev and SICK-R trial")
+    ev.groups[1].add_argument("--json", default="", help="also write the scores to this JSON file")
+    an.groups[0].add_argument("--compare", nargs="+", default=[], help="more model folders or "
+                              "names, drawn beside it")
+    an.groups[0].add_argument("--runs", nargs="+", default=[], help="results.json files whose "
+                              "alignment/uniformity history is drawn as a trajectory (a model "
+                              "folder's own is found)")
+    an.groups[1].add_argument("--out", required=True, help="folder for analysis.json and the "
+                              "three .svg figures")
     args = parser.parse_args(argv)
+    if args.command is None:  # `python common.py` alone: what it can do
+        return parser.print_help()
     if args.command != "download":
         return run_eval(args) if args.command == "eval" else run_analyze(args)
-    what = args.what
-    print(download_senteval() if what == "senteval" else resolve_data(what) if what in KNOWN_DATA
-          else resolve_model(what))
+    what = args.what  # no flag to name in a hint here: the file's place in the cache instead
+    print(download_senteval(flag=None) if what == "senteval" else resolve_data(what, flag=None)
+          if what in KNOWN_DATA else resolve_model(what, flag=None))
 
 
 def run_eval(args):
     """The STS table of one model, as the papers report it (and --json)."""
     device, root, _ = check_cli_inputs(args, [args.model], [args.mode])
     tok, model = Tokenizer.from_pretrained(args.model), Bert.from_pretrained(args.model).to(device)
-    results = evaluate_sts(model, tok, root, args.mode, args.pooler, args.batch_size)
+    results = evaluate_sts(model, tok, root, args.mode, args.pooler, args.batch_size,
+                           progress=Progress(f"STS {args.mode}"))
     details = results["details"]
     print(format_table(results) + f"\n({details['sentences_encoded']} sentences encoded in "
                                   f"{details['seconds']:.1f}s)")

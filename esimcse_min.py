@@ -32,15 +32,15 @@ from common import pad_ids  # ESimCSE
 @dataclasses.dataclass
 class Config:
     data: str = "wiki1m.txt"  # sentences, one a line (SimCSE: or an NLI CSV); this name downloads
-    model: str = "bert-base-uncased"  # a model folder or known name [every paper]
-    senteval: str = ""  # SentEval folder; empty: ./SentEval/data/downstream, the cache, a download
-    device: str = "auto"  # auto, cpu, cuda or mps
+    model: str = "bert-base-uncased"  # a model folder, or a known name fetched once [every paper]
+    senteval: str = ""  # SentEval folder; empty: ./SentEval/data/downstream, else fetched once
+    device: str = "auto"  # cpu, cuda or mps; auto: cuda, else mps, else cpu
     precision: str = "auto"  # auto: bf16 where the GPU has it, else fp16 + a loss scaler; CPU: fp32
-    seed: int = 42  # [official run_unsup_example.sh]
+    seed: int = 42  # dropout masks, data order, views [official run_unsup_example.sh]
     batch_size: int = 64  # sentences per step [every paper, BERT-base]
     max_len: int = 32  # training length in tokens, [CLS] and [SEP] included [official code]
     lr: float = 3e-5  # peak learning rate, linear decay to 0 [every paper but DiffCSE]
-    epochs: int = 1  # [every paper but DiffCSE]
+    epochs: int = 1  # passes over the data [every paper but DiffCSE]
     max_steps: int = 0  # stop after this many steps (0: all epochs)
     temp: float = 0.05  # τ, the softmax temperature [every paper]
     eval_every: int = 125  # STS-B dev every this many steps [official code]

@@ -12,11 +12,10 @@ always. The last layer of a sentence-embedding model keeps token identity poorly
 tokens only copied about half of the unmasked tokens (masked accuracy 0.12). Trained on every real token, it copies
 about 98% (masked accuracy 0.16).
 
-    python tests/make_generator.py --model ../shared/models/all-MiniLM-L6-v2 \
-        --data ../shared/data/wiki1m_head.txt --out /tmp/minilm-mlm
-    python diffcse_min.py --model ../shared/models/all-MiniLM-L6-v2 --generator /tmp/minilm-mlm ...
+    python tests/make_generator.py --model sentence-transformers/all-MiniLM-L6-v2 \
+        --data wiki1m_head.txt --out /tmp/minilm-mlm
+    python diffcse_min.py --model sentence-transformers/all-MiniLM-L6-v2 --generator /tmp/minilm-mlm ...
 """
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import Bert, Tokenizer, read_lines  # noqa: E402
+from common import Bert, HelpFormatter, OneLineErrors, Tokenizer, UserError, main_guard, read_lines  # noqa: E402
 from diffcse_min import mask_tokens  # noqa: E402
 
 
@@ -59,21 +58,32 @@ def accuracy(model, tok, sentences, max_len, gen, batch_size=256):
     return hits / n, same / m
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="../shared/models/all-MiniLM-L6-v2", help="the frozen BERT encoder")
-    parser.add_argument("--data", default="../shared/data/wiki1m_head.txt", help="sentences, one per line")
-    parser.add_argument("--out", default="/tmp/minilm-mlm", help="where the BertForMaskedLM folder goes")
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--batch_size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=1e-2)
-    parser.add_argument("--max_len", type=int, default=32)
-    parser.add_argument("--held_out", type=int, default=1000, help="the last sentences, kept for the accuracy")
-    args = parser.parse_args()
+def main(argv=None):
+    parser = OneLineErrors(description=__doc__.split("\n")[0], formatter_class=HelpFormatter)
+    need, train_ = parser.add_argument_group("data and model"), parser.add_argument_group("training")
+    need.add_argument("--model", required=True, help="the BERT encoder to freeze: a folder or known name "
+                      "(e.g. sentence-transformers/all-MiniLM-L6-v2); DiffCSE's --model, so the vocabularies match")
+    need.add_argument("--data", required=True, help="sentences, one per line (e.g. the head of wiki1m)")
+    need.add_argument("--out", required=True, help="folder for the BertForMaskedLM model (--generator of diffcse_min.py)")
+    train_.add_argument("--steps", type=int, default=300, help="optimizer steps on the MLM head")
+    train_.add_argument("--batch_size", type=int, default=64, help="sentences per step")
+    train_.add_argument("--lr", type=float, default=1e-2, help="peak learning rate (30 warm-up steps, then linear decay)")
+    train_.add_argument("--max_len", type=int, default=32, help="tokens per sentence, [CLS] and [SEP] included")
+    train_.add_argument("--held_out", type=int, default=1000, help="the last sentences, kept for the accuracy")
+    args = parser.parse_args(argv)
+    main_guard(make, args)
+
+
+def make(args):
+    for flag in ("steps", "batch_size", "max_len", "held_out"):
+        if getattr(args, flag) < 1:
+            raise UserError(f"--{flag} {getattr(args, flag)}: must be at least 1")
+    lines = read_lines(args.data)
+    if len(lines) <= args.held_out:
+        raise UserError(f"--data {args.data} has {len(lines)} sentences: more than --held_out {args.held_out} needed")
     torch.manual_seed(0)
     tok = Tokenizer.from_pretrained(args.model)
     model = with_mlm_head(Bert.from_pretrained(args.model)).eval()  # dropout off: the encoder is frozen anyway
-    lines = read_lines(args.data)
     train, held = lines[:-args.held_out], lines[-args.held_out:]
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)

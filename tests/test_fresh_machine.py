@@ -28,7 +28,7 @@ def readme_blocks(section):
     return [[c.strip() for c in b.replace("\\\n", " ").splitlines() if c.strip()] for b in blocks]
 
 
-QUICK_START, MISSION = readme_blocks("Quick start")[:2]
+QUICK_START, MISSION = readme_blocks("Quick start")[0], readme_blocks("On a GPU")[0]
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ def strict_json(path):
 def test_a_dev_score_that_is_not_a_number_is_never_best(scores, world, tmp_path, monkeypatch):
     import simcse_min
     given = iter(scores)
-    monkeypatch.setattr(common.DevSet, "score", lambda self, model: next(given))
+    monkeypatch.setattr(common.DevSet, "score", lambda self, model, progress=None: next(given))
     out = tmp_path / "out"
     simcse_min.train(simcse_min.Config(**world, device="cpu", batch_size=8, max_steps=4, eval_every=1,
                                        out_dir=str(out)))

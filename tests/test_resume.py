@@ -218,9 +218,10 @@ def signals_inside(monkeypatch, name, count, when=lambda: True):
 
 @pytest.mark.parametrize("name, count", [("evaluate_sts", 1), ("evaluate_sts", 2), ("write_safetensors", 2)])
 def test_signals_in_the_final_evaluation_and_save_lose_nothing(name, count, world, tmp_path, uninterrupted,
-                                                                 monkeypatch, own_handlers):
+                                                                 monkeypatch, own_handlers, capsys):
     """One signal during the final test evaluation: the run finishes. A second one stops it at once (there, or
-    while the model is written): the checkpoint of the last step is there, and --resume finishes identically."""
+    while the model is written), saying how to go on: the checkpoint of the last step is there, and --resume
+    finishes identically."""
     out, module = tmp_path / "out", importlib.import_module("simcse_min")
     signals_inside(monkeypatch, name, count)
     try:
@@ -228,6 +229,8 @@ def test_signals_in_the_final_evaluation_and_save_lose_nothing(name, count, worl
         assert count == 1
     except KeyboardInterrupt:
         assert count == 2 and checkpoint_step(out) == 16 and not (out / "results.json").exists()
+        assert f"SIGTERM again: stopping now; the last checkpoint is kept: continue with --resume {out}" in \
+            capsys.readouterr().err
     monkeypatch.undo()
     import gc
     gc.collect()  # the stopped run's frames (and its out_dir lock) go

@@ -28,9 +28,11 @@ DIFF_BUDGET = {"esimcse_min.py": 100, "simcsepp_min.py": 100, "diffcse_min.py": 
 # may not fit on resume, the tokenization workers' bound; its Part 1 changes fit in Part 1's budget.
 # Issue 25 raised it by 89 (1,238 -> 1,327): the hub's first answer read with redirects to the CDN not followed,
 # its error codes, the Hugging Face cache where huggingface_hub puts it, senteval.tar's real layout unpacked.
+# Issue 31 raised Part 2's by 81 (-> 1,408) and Part 3's by 5 (-> 405): progress lines, --help in groups with
+# bare switches, hints that name what exists, the unused-tensor note said once with its reason.
 PART_TARGETS = {"Part 1": 770, "Part 2": 550, "Part 3": 300,
                 "common.py": 1450 + 120}  # the file: STYLE §2.1's 1,450 + issue 18's 120 for Part 1
-CEILINGS = {"Part 1": 770, "Part 2": 1327, "Part 3": 400, "common.py": 2490}
+CEILINGS = {"Part 1": 770, "Part 2": 1408, "Part 3": 405, "common.py": 2583}
 ALLOWED = {"torch", "numpy", "scipy", "common"}
 
 

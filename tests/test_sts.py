@@ -45,7 +45,7 @@ class FakeEncoder:
     def __init__(self, vectors):
         self.vectors = vectors
 
-    def __call__(self, model, tok, sentences, pooler="cls", batch_size=128, id_lists=None):
+    def __call__(self, model, tok, sentences, pooler="cls", batch_size=128, id_lists=None, progress=None):
         return torch.tensor(np.array([self.vectors[s] for s in sentences]), dtype=torch.float32)
 
 
