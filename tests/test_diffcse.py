@@ -123,6 +123,28 @@ def test_corrupt_restores_cls_keeps_pads_and_labels_changes():
     assert torch.equal(labels, (x2 != ids).long()) and not labels[mask == 0].any() and labels.any()
 
 
+class PerfectGenerator:
+    """Fills every position with the original token, [MASK]ed or not: a generator that never errs."""
+
+    def __init__(self, ids):
+        self.ids = ids
+
+    def __call__(self, masked, mask):
+        return self.ids
+
+    def mlm_logits(self, h):
+        return F.one_hot(h, 128).float()
+
+
+def test_a_token_the_generator_restores_is_labelled_original():
+    """ELECTRA's labels: 'replaced' means 'differs from the original', so a masked token the generator
+    gets right is 0 [DiffCSE §3; official code]."""
+    ids, mask = sentences(6, 12, seed=3)
+    masked, chosen = mask_tokens(ids, mask, 0.5, TOK.mask_id, 128, SPECIAL, torch.Generator().manual_seed(0))
+    x2, labels = corrupt(PerfectGenerator(ids), masked, ids, mask, TOK)
+    assert chosen.any() and torch.equal(x2, ids) and not labels.any()
+
+
 def test_discriminator_reads_h_at_position_0():
     _, _, disc, _ = tiny_models()
     disc.eval()

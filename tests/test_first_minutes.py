@@ -120,7 +120,8 @@ def test_float64_model_gives_a_float64_loss(method):
     for loss in losses:
         assert loss.dtype == torch.float64 and torch.isfinite(loss)
     losses[-1].backward()  # the float64 graph is whole
-    assert all(p.grad is None or p.grad.dtype == torch.float64 for p in model.parameters())
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(g.dtype == torch.float64 for g in grads)  # a gradient reached the model
 
 
 def test_help_runs():
