@@ -1198,7 +1198,7 @@ KNOWN_MODELS = {  # name -> the files we read (what each repository holds: tests
 _DATA = "datasets/princeton-nlp/datasets-for-simcse/resolve/main/"
 KNOWN_DATA = {f: _DATA + f for f in ("wiki1m_for_simcse.txt", "nli_for_simcse.csv", "senteval.tar")}
 DATA_ALIASES = {"wiki1m.txt": "wiki1m_for_simcse.txt"}  # the name the papers' READMEs use
-HOW_TO_GET = {"--generator": " (or make one from --model: python tests/make_generator.py --help)"}
+HOW_TO_GET = {"--generator": " (or make one: python tests/tools/make_generator.py --help)"}
 
 
 def hub_cache():

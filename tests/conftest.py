@@ -1,6 +1,8 @@
-"""Shared test fixtures: the real checkpoint and data in ../shared, found through environment variables.
+"""Shared test fixtures: the real checkpoint and data in ../shared, found through environment
+variables.
 
-A test that needs them is skipped with a reason when they are not set, except in CI (SIMCSE_REQUIRE_DATA=1),
+A test that needs them is skipped with a reason when they are not set, except in CI
+(SIMCSE_REQUIRE_DATA=1),
 where a missing path is an error, so nothing is silently skipped there.
 """
 import contextlib
@@ -14,9 +16,12 @@ import shutil
 import tempfile
 
 os.environ["SIMCSE_CACHE"] = tempfile.mkdtemp(prefix="simcse-test-cache-")  # never the user's cache
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.environ["SIMCSE_CACHE"], "inductor"))
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.environ["SIMCSE_CACHE"],
+                                                              "inductor"))
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# scripts the tests also import (bad_inputs, make_generator)
+sys.path.insert(1, str(ROOT / "tests" / "tools"))
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
@@ -48,7 +53,10 @@ def wiki_path():
 @pytest.fixture(scope="session")
 def minilm(model_dir):
     import common
-    return common.Tokenizer.from_pretrained(model_dir), common.Bert.from_pretrained(model_dir).eval()
+    return (
+        common.Tokenizer.from_pretrained(model_dir),
+        common.Bert.from_pretrained(model_dir).eval(),
+    )
 
 
 @pytest.fixture(scope="session")
@@ -60,7 +68,8 @@ def recorded_hub_files(tmp_path_factory):
 
 @pytest.fixture
 def hub(recorded_hub_files, tmp_path, monkeypatch):
-    """The stand-in hub serving the recorded repositories; common pointed at it, with an empty cache of its
+    """The stand-in hub serving the recorded repositories; common pointed at it, with an empty cache
+    of its
     own and an empty Hugging Face cache."""
     import common
     from fixtures.hub_facts import HUB_CACHE_ENV
@@ -76,7 +85,8 @@ def hub(recorded_hub_files, tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session", autouse=True)
 def no_temporary_folders_left(tmp_path_factory):
-    """The suite leaves nothing in the temporary folder: its cache and pytest's own folders go at the end."""
+    """The suite leaves nothing in the temporary folder: its cache and pytest's own folders go at
+    the end."""
     yield
     shutil.rmtree(os.environ["SIMCSE_CACHE"], ignore_errors=True)
     base = tmp_path_factory.getbasetemp()

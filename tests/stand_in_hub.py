@@ -1,10 +1,14 @@
-"""A stand-in for huggingface.co on 127.0.0.1, built from the recorded facts in fixtures/hub_facts.py
+"""A stand-in for huggingface.co on 127.0.0.1, built from the recorded facts in
+fixtures/hub_facts.py
 (each with its source there), never from what common.py expects:
 
-- the hub answers HEAD and GET on /{repo_id}/resolve/{revision}/{filename} (datasets: /datasets/...):
+- the hub answers HEAD and GET on /{repo_id}/resolve/{revision}/{filename} (datasets:
+/datasets/...):
   a file stored in git with 200 and its git-SHA1 as ETag; a file stored in LFS with 302 to the CDN
-  (another host: its own port), X-Linked-Etag (its SHA-256), X-Linked-Size and a text body; a renamed
-  repository with a relative redirect to its new name; a missing file with 404 EntryNotFound, another
+  (another host: its own port), X-Linked-Etag (its SHA-256), X-Linked-Size and a text body; a
+  renamed
+  repository with a relative redirect to its new name; a missing file with 404 EntryNotFound,
+  another
   revision with 404 RevisionNotFound, an unknown repository with 401 RepoNotFound, a gated one with
   403 GatedRepo; every answer carries X-Repo-Commit;
 - the CDN serves the bytes with Range (206, 416 past the end) and its own ETag, the Xet hash, which
@@ -40,7 +44,8 @@ def git_sha1(data):
 
 
 class StandInHub:
-    """Two servers on 127.0.0.1, the hub and its CDN, serving `files` {"repo_id/filename": bytes}."""
+    """Two servers on 127.0.0.1, the hub and its CDN, serving `files` {"repo_id/filename":
+    bytes}."""
 
     def __init__(self, files, lfs=(), gated=()):
         self.files, self.gated, self.requests = dict(files), set(gated), []
@@ -214,7 +219,8 @@ def tiny_distilbert(tmp, seed=1):
     common.write_safetensors(tmp / "distilbert.safetensors", tensors)
     vocab = "".join(t + "\n" for t in tok.vocab)
     return {"config.json": json.dumps(config).encode(), "vocab.txt": vocab.encode(),
-            "model.safetensors": (tmp / "distilbert.safetensors").read_bytes(), "tokenizer_config.json": b'{"do_lower_case": true}'}
+            "model.safetensors": (tmp / "distilbert.safetensors").read_bytes(),
+            "tokenizer_config.json": b'{"do_lower_case": true}'}
 
 
 def tiny_roberta(tmp, name, seed=2):
@@ -253,7 +259,8 @@ def hub_files(tmp, sentences=300):
     kind = {"google-bert/bert-base-uncased": "bert", "google-bert/bert-large-uncased": "bert",
             "sentence-transformers/all-MiniLM-L6-v2": "bert",
             "google/bert_uncased_L-4_H-256_A-4": "bert",
-            "distilbert/distilbert-base-uncased": "distilbert", "FacebookAI/roberta-base": "roberta",
+            "distilbert/distilbert-base-uncased": "distilbert",
+            "FacebookAI/roberta-base": "roberta",
             "FacebookAI/roberta-large": "roberta", "distilbert/distilroberta-base": "roberta"}
     files = {}
     for repo, listed in facts.MODEL_FILES.items():
@@ -261,7 +268,8 @@ def hub_files(tmp, sentences=300):
             name = entry.removesuffix(":L")
             files[f"{repo}/{name}"] = made[kind[repo]].get(name) or placeholder(f"{repo}/{name}")
     lines = [sentence(rng) for _ in range(sentences)]
-    nli = ["sent0,sent1,hard_neg"] + [f"{a},{b},{c}" for a, b, c in zip(lines, lines[1:], lines[2:])]
+    nli = ["sent0,sent1,hard_neg"] + [f"{a},{b},{c}" for a, b, c in zip(lines, lines[1:],
+                                                                        lines[2:])]
     data = {"wiki1m_for_simcse.txt": "".join(s + "\n" for s in lines).encode(),
             "nli_for_simcse.csv": "".join(s + "\n" for s in nli).encode(),
             "senteval.tar": senteval_tar()}

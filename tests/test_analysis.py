@@ -1,5 +1,7 @@
-"""Embedding-space analysis: alignment, uniformity and singular values against answers known in closed form or by
-numerical integration, the per-group statistics against numpy, the SVG writer through an XML parser, the training
+"""Embedding-space analysis: alignment, uniformity and singular values against answers known in
+closed form or by
+numerical integration, the per-group statistics against numpy, the SVG writer through an XML parser,
+the training
 log's alignment/uniformity, and `common.py analyze` end to end on a tiny BERT."""
 import json
 import math
@@ -20,7 +22,8 @@ SVG_NS = "{http://www.w3.org/2000/svg}"
 def test_alignment_is_zero_for_identical_pairs_at_any_scale():
     x = torch.randn(20, 16)
     assert common.alignment(x, x) == 0.0
-    assert common.alignment(x, 3 * x) == pytest.approx(0.0, abs=1e-12)  # vectors are L2-normalised first
+    # vectors are L2-normalised first
+    assert common.alignment(x, 3 * x) == pytest.approx(0.0, abs=1e-12)
 
 
 def test_alignment_known_values():
@@ -30,16 +33,20 @@ def test_alignment_known_values():
     assert common.alignment(e[:2], torch.stack([e[1], -e[1]])) == pytest.approx((2.0 + 4.0) / 2)
     x, y = torch.randn(50, 8), torch.randn(50, 8)
     cos = torch.nn.functional.cosine_similarity(x.double(), y.double())
-    assert common.alignment(x, y) == pytest.approx((2 - 2 * cos).mean().item())  # unit vectors: |u-v|^2 = 2-2cos
+    # unit vectors: |u-v|^2 = 2-2cos
+    assert common.alignment(x, y) == pytest.approx((2 - 2 * cos).mean().item())
 
 
 def test_uniformity_known_values_and_distinct_pairs_only():
     e = torch.eye(3)
-    assert common.uniformity(e[:2]) == pytest.approx(-4.0)  # one pair at squared distance 2: log exp(-4)
+    # one pair at squared distance 2: log exp(-4)
+    assert common.uniformity(e[:2]) == pytest.approx(-4.0)
     angles = torch.tensor([0.0, 2 * math.pi / 3, 4 * math.pi / 3])
-    triangle = torch.stack([angles.cos(), angles.sin()], 1)  # 3 unit vectors 120 degrees apart: |x-y|^2 = 3
+    # 3 unit vectors 120 degrees apart: |x-y|^2 = 3
+    triangle = torch.stack([angles.cos(), angles.sin()], 1)
     assert common.uniformity(triangle) == pytest.approx(-6.0)
-    assert common.uniformity(torch.ones(5, 4)) == pytest.approx(0.0)  # collapsed: the worst uniformity
+    # collapsed: the worst uniformity
+    assert common.uniformity(torch.ones(5, 4)) == pytest.approx(0.0)
 
 
 def sphere_uniformity(d):
@@ -55,7 +62,8 @@ def test_uniformity_of_points_spread_on_the_sphere_approaches_the_analytic_value
     if d == 3:  # closed form: t ~ U[-1, 1] on S^2, so E exp(4t - 4) = exp(-4) sinh(4) / 4
         assert sphere_uniformity(3) == pytest.approx(-4 + math.log(math.sinh(4) / 4), abs=1e-9)
     torch.manual_seed(0)
-    x = torch.randn(2000, d) * torch.rand(2000, 1).add(0.5)  # Gaussian directions, any norms: uniform on the sphere
+    # Gaussian directions, any norms: uniform on the sphere
+    x = torch.randn(2000, d) * torch.rand(2000, 1).add(0.5)
     assert common.uniformity(x) == pytest.approx(sphere_uniformity(d), abs=0.02)
 
 
@@ -72,10 +80,13 @@ def test_similarity_by_score_groups_against_numpy():
     sims = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0])
     groups = common.similarity_by_score(sims, gold)
     assert [g["group"] for g in groups] == ["0-1", "1-2", "2-3", "3-4", "4-5"]
-    assert [g["count"] for g in groups] == [2, 2, 1, 1, 4]  # 1.0 opens 1-2, 4.0 opens 4-5, 5.0 closes 4-5
+    # 1.0 opens 1-2, 4.0 opens 4-5, 5.0 closes 4-5
+    assert [g["count"] for g in groups] == [2, 2, 1, 1, 4]
     last = sims[6:]
-    assert groups[4]["mean"] == pytest.approx(last.mean()) and groups[4]["std"] == pytest.approx(last.std())
-    assert groups[4]["median"] == pytest.approx(np.median(last)) and groups[4]["q25"] == pytest.approx(0.775)
+    assert groups[4]["mean"] == pytest.approx(last.mean())
+    assert groups[4]["std"] == pytest.approx(last.std())
+    assert groups[4]["median"] == pytest.approx(np.median(last))
+    assert groups[4]["q25"] == pytest.approx(0.775)
 
 
 def test_svg_writer_makes_well_formed_xml_with_the_expected_elements(tmp_path):
@@ -90,8 +101,10 @@ def test_svg_writer_makes_well_formed_xml_with_the_expected_elements(tmp_path):
     assert root.tag == SVG_NS + "svg" and root.get("viewBox") == "0 0 400 300"
     texts = [t.text for t in root.iter(SVG_NS + "text")]
     assert {"a <title> & more", "x label", "y label", "model \"A\"", "B"} <= set(texts)
-    assert {"0.01", "0.1", "1"} <= set(texts) and "0.0" in texts and "1.0" in texts  # log y, linear x ticks
-    assert len(list(root.iter(SVG_NS + "polyline"))) == 1 and len(list(root.iter(SVG_NS + "circle"))) == 2
+    # log y, linear x ticks
+    assert {"0.01", "0.1", "1"} <= set(texts) and "0.0" in texts and "1.0" in texts
+    assert len(list(root.iter(SVG_NS + "polyline"))) == 1 and len(list(root.iter(SVG_NS
+                                                                                 + "circle"))) == 2
     assert ax.py(0.1) == pytest.approx(30 + 100)  # log scale: 0.1 halfway between 0.01 and 1
 
 
@@ -102,27 +115,33 @@ def test_dev_set_align_uniform_matches_analyze_model_on_dev(tmp_path):
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" not in name.lower():  # LayerNorms stay 1 and 0
-                p.normal_(0, 0.5)  # large random weights: [CLS] vectors that differ from sentence to sentence
+                # large random weights: [CLS] vectors that differ from sentence to sentence
+                p.normal_(0, 0.5)
     dev = common.DevSet(tok, root)
     dev.score(model)
     expected = common.analyze_model(model, tok, root, "cls", "dev")
     assert expected["positive_pairs"] > 0 and expected["uniformity"] < -0.1
-    assert dev.align_uniform == pytest.approx((expected["alignment"], expected["uniformity"]), abs=1e-5)
+    assert dev.align_uniform == pytest.approx((expected["alignment"], expected["uniformity"]),
+                                              abs=1e-5)
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("analysis")
     world = make_world(tmp)
-    cfg = simcse_min.Config(device="cpu", batch_size=8, max_steps=2, eval_every=1, out_dir=str(tmp / "run"),
+    cfg = simcse_min.Config(device="cpu", batch_size=8, max_steps=2, eval_every=1,
+                            out_dir=str(tmp / "run"),
                             model=world["model"], data=world["data"], senteval=world["senteval"])
     return world, tmp / "run", simcse_min.train(cfg)
 
 
 def test_training_logs_alignment_and_uniformity_at_every_evaluation(trained):
     _, run, results = trained
-    assert [s for s, _, _ in results["align_uniform"]] == [s for s, _ in results["dev_history"]] == [0, 1, 2]
-    assert json.loads((run / "results.json").read_text())["align_uniform"] == results["align_uniform"]
+    assert [s for s, _, _ in results["align_uniform"]] == [s for s, _
+                                                           in results["dev_history"]] == [0, 1, 2]
+    assert (
+        json.loads((run / "results.json").read_text())["align_uniform"] == results["align_uniform"]
+    )
     assert results["align_uniform_on"] == "STS-B dev"
     assert " align " in (run / "log.txt").read_text()
 
@@ -131,12 +150,14 @@ def test_analyze_cli_end_to_end(trained, tmp_path, capsys):
     world, run, _ = trained
     other = make_model(tmp_path / "other", seed=1)
     common.cli(["analyze", "--model", world["model"], "--compare", str(run), str(other), "--runs",
-                str(run / "results.json"), "--senteval", world["senteval"], "--out", str(tmp_path / "out"),
+                str(run / "results.json"), "--senteval", world["senteval"], "--out",
+                str(tmp_path / "out"),
                 "--device", "cpu"])
     out = tmp_path / "out"
     analysis = json.loads((out / "analysis.json").read_text())
     assert [m["name"] for m in analysis["models"]] == ["model", "run", "other"]
-    assert len(analysis["runs"]) == 1  # the run folder's own results.json is the one given: drawn once
+    # the run folder's own results.json is the one given: drawn once
+    assert len(analysis["runs"]) == 1
     assert analysis["runs"][0]["color"] == analysis["models"][1]["color"]
     for m in analysis["models"]:
         assert set(m) >= {"test", "dev"} and len(m["test"]["similarity_by_score"]) == 5
@@ -153,6 +174,7 @@ def test_analyze_bad_runs_file_is_a_one_line_error(tmp_path, capsys):
     bad.write_text('{"method": "simcse"}')
     with pytest.raises(SystemExit) as e:
         common.main_guard(common.cli, ["analyze", "--model", "x", "--runs", str(bad), "--senteval",
-                                       str(make_senteval(tmp_path / "se")), "--out", str(tmp_path / "out")])
+                                       str(make_senteval(tmp_path / "se")), "--out",
+                                       str(tmp_path / "out")])
     assert e.value.code == 2 and "no align_uniform history" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

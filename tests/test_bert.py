@@ -1,4 +1,5 @@
-"""The compact BERT: shapes, padding invariance, dropout, the MLM head, and parity with Hugging Face on MiniLM."""
+"""The compact BERT: shapes, padding invariance, dropout, the MLM head, and parity with Hugging Face
+on MiniLM."""
 import numpy as np
 import pytest
 import torch
@@ -26,7 +27,8 @@ def test_shapes_on_tiny():
     x = model.embed(ids)
     assert x.shape == (3, 10, cfg.hidden_size)
     states = model.encode(x, mask, all_layers=True)
-    assert len(states) == cfg.num_hidden_layers + 1 and all(s.shape == (3, 10, cfg.hidden_size) for s in states)
+    assert len(states) == cfg.num_hidden_layers + 1 and all(s.shape == (3, 10, cfg.hidden_size)
+                                                            for s in states)
     assert torch.equal(states[0], x)
     assert model.mlm is None
 
@@ -35,7 +37,8 @@ def test_padding_does_not_change_real_tokens():
     model = tiny().eval()
     ids = random_ids(2, 7)
     ref = model(ids, torch.ones(2, 7, dtype=torch.long))
-    for pad_ids in (torch.zeros(2, 5, dtype=torch.long), random_ids(2, 5, seed=2)):  # [PAD] or garbage under mask 0
+    # [PAD] or garbage under mask 0
+    for pad_ids in (torch.zeros(2, 5, dtype=torch.long), random_ids(2, 5, seed=2)):
         padded = torch.cat([ids, pad_ids], 1)
         mask = torch.cat([torch.ones(2, 7), torch.zeros(2, 5)], 1).long()
         torch.testing.assert_close(model(padded, mask)[:, :7], ref, atol=1e-5, rtol=0)
@@ -47,8 +50,10 @@ def test_batching_sentences_of_different_lengths():
     ids = torch.cat([torch.cat([short, torch.zeros(1, 5, dtype=torch.long)], 1), long])
     mask = torch.tensor([[1] * 4 + [0] * 5, [1] * 9])
     out = model(ids, mask)
-    torch.testing.assert_close(out[0, :4], model(short, torch.ones(1, 4, dtype=torch.long))[0], atol=1e-5, rtol=0)
-    torch.testing.assert_close(out[1], model(long, torch.ones(1, 9, dtype=torch.long))[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(out[0, :4], model(short, torch.ones(1, 4, dtype=torch.long))[0],
+                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(out[1], model(long, torch.ones(1, 9, dtype=torch.long))[0],
+                               atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("hidden,attention", [(0.1, 0.1), (0.1, 0.0), (0.0, 0.5)])
@@ -98,7 +103,8 @@ def test_mlm_head_shape_and_tied_weights():
     W = model.embeddings.word_embeddings.weight
     expected = F.linear(model.mlm.norm(F.gelu(model.mlm.dense(h))), W, model.mlm.bias)
     torch.testing.assert_close(model.mlm_logits(h), expected)
-    # a token that is not in the input still gets a gradient on its embedding row, through the output layer
+    # a token that is not in the input still gets a gradient on its embedding row, through the
+    # output layer
     unused = sorted(set(range(5, cfg.vocab_size)) - set(ids.flatten().tolist()))[0]
     model.mlm_logits(model(ids, mask))[..., unused].sum().backward()
     assert W.grad[unused].abs().sum() > 0
@@ -110,13 +116,15 @@ def test_minilm_parity_with_hugging_face(minilm):
     sentences = [str(s) for s in ref["sentences"]]
     ids, mask = tok(sentences)
     assert ids.shape == ref["input_ids"].shape
-    assert np.array_equal(ids.numpy(), ref["input_ids"]) and np.array_equal(mask.numpy(), ref["attention_mask"])
+    assert np.array_equal(ids.numpy(), ref["input_ids"]) and np.array_equal(mask.numpy(),
+                                                                            ref["attention_mask"])
     with torch.inference_mode():
         states = model.encode(model.embed(ids), mask, all_layers=True)
         got = {"cls": states[-1][:, 0], "mean": common.pool(states, mask, "avg"),
                "avg_first_last": common.pool(states, mask, "avg_first_last")}
     diffs = {k: float((v - torch.from_numpy(ref[k])).abs().max()) for k, v in got.items()}
-    print("\nMiniLM vs Hugging Face, max abs diff: " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()))
+    print("\nMiniLM vs Hugging Face, max abs diff: " + ", ".join(f"{k} {v:.2e}" for k, v
+                                                                 in diffs.items()))
     assert all(d <= 1e-4 for d in diffs.values()), diffs
 
 
@@ -129,4 +137,5 @@ def test_minilm_padding_invariance(minilm):
         for i, s in enumerate(sentences):
             alone_ids, alone_mask = tok([s])
             n = alone_ids.shape[1]
-            torch.testing.assert_close(batched[i, :n], model(alone_ids, alone_mask)[0], atol=1e-5, rtol=0)
+            torch.testing.assert_close(batched[i, :n], model(alone_ids, alone_mask)[0], atol=1e-5,
+                                       rtol=0)

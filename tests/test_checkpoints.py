@@ -1,4 +1,5 @@
-"""Checkpoints: legacy Hugging Face names, DistilBERT, the saved folder (parsed independently), loader errors,
+"""Checkpoints: legacy Hugging Face names, DistilBERT, the saved folder (parsed independently),
+loader errors,
 the command line's one-line errors, and the import purity of common.py."""
 import collections
 import json
@@ -16,23 +17,29 @@ import common
 from common import Bert, BertConfig, CheckpointError
 from conftest import ROOT
 
-# Hugging Face sub-module of one layer -> ours (written out here, independently of common.py's tables)
-LAYER = {"attention.self.query": "query", "attention.self.key": "key", "attention.self.value": "value",
+# Hugging Face sub-module of one layer -> ours (written out here, independently of common.py's
+# tables)
+LAYER = {"attention.self.query": "query", "attention.self.key": "key",
+         "attention.self.value": "value",
          "attention.output.dense": "attn_out", "attention.output.LayerNorm": "attn_norm",
          "intermediate.dense": "ffn_in", "output.dense": "ffn_out", "output.LayerNorm": "ffn_norm"}
 DISTIL_LAYER = {"attention.q_lin": "query", "attention.k_lin": "key", "attention.v_lin": "value",
                 "attention.out_lin": "attn_out", "sa_layer_norm": "attn_norm", "ffn.lin1": "ffn_in",
                 "ffn.lin2": "ffn_out", "output_layer_norm": "ffn_norm"}
 CFG = BertConfig.tiny()
-HF_CONFIG = {"architectures": ["BertForPreTraining"], "model_type": "bert", "vocab_size": CFG.vocab_size,
+HF_CONFIG = {"architectures": ["BertForPreTraining"], "model_type": "bert",
+             "vocab_size": CFG.vocab_size,
              "hidden_size": CFG.hidden_size, "num_hidden_layers": CFG.num_hidden_layers,
-             "num_attention_heads": CFG.num_attention_heads, "intermediate_size": CFG.intermediate_size,
-             "max_position_embeddings": CFG.max_position_embeddings, "type_vocab_size": 2, "layer_norm_eps": 1e-12,
+             "num_attention_heads": CFG.num_attention_heads,
+             "intermediate_size": CFG.intermediate_size,
+             "max_position_embeddings": CFG.max_position_embeddings, "type_vocab_size": 2,
+             "layer_norm_eps": 1e-12,
              "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu",
              "pad_token_id": 0, "initializer_range": 0.02}
 POOLER_NSP = {"bert.pooler.dense.weight", "bert.pooler.dense.bias", "cls.seq_relationship.weight",
               "cls.seq_relationship.bias"}
-MLM_KEYS = {"cls.predictions.bias", "cls.predictions.transform.dense.weight", "cls.predictions.transform.dense.bias",
+MLM_KEYS = {"cls.predictions.bias", "cls.predictions.transform.dense.weight",
+            "cls.predictions.transform.dense.bias",
             "cls.predictions.transform.LayerNorm.gamma", "cls.predictions.transform.LayerNorm.beta"}
 
 
@@ -43,9 +50,11 @@ def layer_shapes(c):
 
 
 def legacy_checkpoint(c=CFG, mlm=True, seed=0):
-    """A BertForPreTraining-style state dict with legacy names, every tensor distinct random numbers.
+    """A BertForPreTraining-style state dict with legacy names, every tensor distinct random
+    numbers.
 
-    Returns (tensors, ours) where ours maps each of our parameter names to the tensor it must receive.
+    Returns (tensors, ours) where ours maps each of our parameter names to the tensor it must
+    receive.
     """
     g = torch.Generator().manual_seed(seed)
     H, V = c.hidden_size, c.vocab_size
@@ -59,7 +68,8 @@ def legacy_checkpoint(c=CFG, mlm=True, seed=0):
     put("bert.embeddings.word_embeddings.weight", "embeddings.word_embeddings.weight", (V, H))
     put("bert.embeddings.position_embeddings.weight", "embeddings.position_embeddings.weight",
         (c.max_position_embeddings, H))
-    put("bert.embeddings.token_type_embeddings.weight", "embeddings.token_type_embeddings.weight", (2, H))
+    put("bert.embeddings.token_type_embeddings.weight", "embeddings.token_type_embeddings.weight",
+        (2, H))
     put("bert.embeddings.LayerNorm.gamma", "embeddings.LayerNorm.weight", (H,))
     put("bert.embeddings.LayerNorm.beta", "embeddings.LayerNorm.bias", (H,))
     t["bert.embeddings.position_ids"] = torch.arange(c.max_position_embeddings)[None]
@@ -77,8 +87,10 @@ def legacy_checkpoint(c=CFG, mlm=True, seed=0):
         put("cls.predictions.transform.dense.bias", "mlm.dense.bias", (H,))
         put("cls.predictions.transform.LayerNorm.gamma", "mlm.norm.weight", (H,))
         put("cls.predictions.transform.LayerNorm.beta", "mlm.norm.bias", (H,))
-        t["cls.predictions.decoder.weight"] = t["bert.embeddings.word_embeddings.weight"].clone()  # tied
-        t["cls.predictions.decoder.bias"] = t["cls.predictions.bias"].clone()  # an alias in old checkpoints
+        # tied
+        t["cls.predictions.decoder.weight"] = t["bert.embeddings.word_embeddings.weight"].clone()
+        # an alias in old checkpoints
+        t["cls.predictions.decoder.bias"] = t["cls.predictions.bias"].clone()
     put("cls.seq_relationship.weight", None, (2, H))
     put("cls.seq_relationship.bias", None, (2,))
     return t, ours
@@ -92,7 +104,9 @@ def write_folder(folder, tensors, config=HF_CONFIG, fmt="bin", vocab=True):
     if vocab:
         specials = list(common.SPECIAL_TOKENS)
         size = config.get("vocab_size", CFG.vocab_size) if config else CFG.vocab_size
-        (folder / "vocab.txt").write_text("".join(w + "\n" for w in specials + [f"w{i}" for i in range(size - 5)]))
+        (folder / "vocab.txt").write_text("".join(w + "\n" for w in specials + [f"w{i}" for i
+                                                                                in range(size
+                                                                                         - 5)]))
     if fmt == "bin":
         torch.save(dict(tensors), folder / "pytorch_model.bin")
     elif fmt == "safetensors":
@@ -103,7 +117,8 @@ def write_folder(folder, tensors, config=HF_CONFIG, fmt="bin", vocab=True):
 def unused_line(err):
     lines = [line for line in err.splitlines() if "not used from the checkpoint:" in line]
     assert len(lines) <= 1, err
-    return set(lines[0].split("not used from the checkpoint:", 1)[1].strip().split(", ")) if lines else set()
+    return set(lines[0].split("not used from the checkpoint:",
+                              1)[1].strip().split(", ")) if lines else set()
 
 
 def assert_filled(model, ours):
@@ -113,7 +128,7 @@ def assert_filled(model, ours):
         assert torch.equal(state[name], want), name
 
 
-# ---- legacy BERT and DistilBERT checkpoints --------------------------------------------------------------------
+# ---- legacy BERT and DistilBERT checkpoints ------------------------------------------------------
 
 @pytest.mark.parametrize("fmt", ["bin", "safetensors"])
 @pytest.mark.parametrize("mlm_head", [False, True])
@@ -121,9 +136,11 @@ def test_legacy_names_fill_every_tensor(tmp_path, capsys, fmt, mlm_head):
     tensors, ours = legacy_checkpoint()
     folder = write_folder(tmp_path / "legacy", tensors, fmt=fmt)
     model = Bert.from_pretrained(folder, mlm_head=mlm_head)
-    assert_filled(model, ours if mlm_head else {k: v for k, v in ours.items() if not k.startswith("mlm.")})
+    assert_filled(model, ours if mlm_head else {k: v for k, v in ours.items() if
+                                                not k.startswith("mlm.")})
     assert (model.mlm is not None) == mlm_head
-    assert unused_line(capsys.readouterr().err) == (POOLER_NSP if mlm_head else POOLER_NSP | MLM_KEYS)
+    assert unused_line(capsys.readouterr().err) == (POOLER_NSP if mlm_head else POOLER_NSP
+                                                    | MLM_KEYS)
 
 
 def test_quiet_and_dropout_override(tmp_path, capsys):
@@ -167,9 +184,12 @@ def distilbert_checkpoint(c=CFG, seed=0):
     put("vocab_layer_norm.bias", "mlm.norm.bias", (H,))
     put("vocab_projector.bias", "mlm.bias", (V,))
     t["vocab_projector.weight"] = t["distilbert.embeddings.word_embeddings.weight"].clone()  # tied
-    config = {"architectures": ["DistilBertForMaskedLM"], "model_type": "distilbert", "vocab_size": V, "dim": H,
-              "n_layers": c.num_hidden_layers, "n_heads": c.num_attention_heads, "hidden_dim": c.intermediate_size,
-              "max_position_embeddings": c.max_position_embeddings, "dropout": 0.1, "attention_dropout": 0.1,
+    config = {"architectures": ["DistilBertForMaskedLM"], "model_type": "distilbert",
+              "vocab_size": V, "dim": H,
+              "n_layers": c.num_hidden_layers, "n_heads": c.num_attention_heads,
+              "hidden_dim": c.intermediate_size,
+              "max_position_embeddings": c.max_position_embeddings, "dropout": 0.1,
+              "attention_dropout": 0.1,
               "activation": "gelu", "sinusoidal_pos_embds": False, "pad_token_id": 0}
     return t, ours, config
 
@@ -186,10 +206,11 @@ def test_distilbert_loads_with_mlm_head(tmp_path, capsys, fmt):
     assert model.eval().mlm_logits(model(ids, torch.ones_like(ids))).shape == (1, 4, CFG.vocab_size)
 
 
-# ---- saving: round trip on MiniLM, the files parsed independently ---------------------------------------------
+# ---- saving: round trip on MiniLM, the files parsed independently --------------------------------
 
 def parse_safetensors(path):
-    """Independent reader (struct + json + numpy): {name: float32/int64 array}, metadata, header size."""
+    """Independent reader (struct + json + numpy): {name: float32/int64 array}, metadata, header
+    size."""
     raw = Path(path).read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8:8 + n])
@@ -211,8 +232,10 @@ def parse_safetensors(path):
 
 def bert_model_keys(layers):
     keys = {"embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight",
-            "embeddings.token_type_embeddings.weight", "embeddings.LayerNorm.weight", "embeddings.LayerNorm.bias"}
-    return keys | {f"encoder.layer.{i}.{m}.{p}" for i in range(layers) for m in LAYER for p in ("weight", "bias")}
+            "embeddings.token_type_embeddings.weight", "embeddings.LayerNorm.weight",
+            "embeddings.LayerNorm.bias"}
+    return keys | {f"encoder.layer.{i}.{m}.{p}" for i in range(layers) for m in LAYER for p
+                   in ("weight", "bias")}
 
 
 @pytest.fixture(scope="module")
@@ -242,8 +265,10 @@ def test_saved_safetensors_has_hugging_face_names(minilm, model_dir, saved):
     for name, arr in got.items():
         assert np.array_equal(arr, original[name]), name
     state = model.state_dict()
-    assert np.array_equal(got["encoder.layer.0.attention.self.query.weight"], state["layers.0.query.weight"].numpy())
-    assert np.array_equal(got["embeddings.word_embeddings.weight"], state["embeddings.word_embeddings.weight"].numpy())
+    assert np.array_equal(got["encoder.layer.0.attention.self.query.weight"],
+                          state["layers.0.query.weight"].numpy())
+    assert np.array_equal(got["embeddings.word_embeddings.weight"],
+                          state["embeddings.word_embeddings.weight"].numpy())
 
 
 def test_saved_config_and_sentence_transformers_files(minilm, model_dir, saved):
@@ -252,18 +277,23 @@ def test_saved_config_and_sentence_transformers_files(minilm, model_dir, saved):
     original = json.loads((model_dir / "config.json").read_text())
     assert config["model_type"] == "bert" and config["architectures"] == ["BertModel"]
     assert config["hidden_act"] == "gelu"
-    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "intermediate_size",
                 "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "pad_token_id"):
         assert config[key] == original[key], key
     pooling = json.loads((saved / "1_Pooling" / "config.json").read_text())
     assert pooling["pooling_mode_cls_token"] is True and pooling["word_embedding_dimension"] == 384
-    assert not any(v for k, v in pooling.items() if k.startswith("pooling_mode_") and k != "pooling_mode_cls_token")
+    assert not any(v for k, v in pooling.items() if k.startswith("pooling_mode_")
+                   and k != "pooling_mode_cls_token")
     modules = json.loads((saved / "modules.json").read_text())
     assert [m["path"] for m in modules] == ["", "1_Pooling"]
-    assert (saved / "sentence_bert_config.json").exists() and (saved / "special_tokens_map.json").exists()
+    assert (saved / "sentence_bert_config.json").exists()
+    assert (saved / "special_tokens_map.json").exists()
     assert json.loads((saved / "tokenizer_config.json").read_text())["do_lower_case"] is True
     tok2 = common.Tokenizer.from_pretrained(saved)
-    assert tok2.vocab == tok.vocab and tok2.lower == tok.lower and tok2.strip_accents == tok.strip_accents
+    assert tok2.vocab == tok.vocab
+    assert tok2.lower == tok.lower
+    assert tok2.strip_accents == tok.strip_accents
     assert not list(saved.glob(".*.tmp")), "a temporary file was left behind"
 
 
@@ -271,7 +301,9 @@ def test_bf16_save_is_half_the_size_and_loads(minilm, saved, tmp_path):
     tok, model = minilm
     folder = tmp_path / "bf16"
     model.save_pretrained(folder, tok, dtype=torch.bfloat16)
-    full, half = (saved / "model.safetensors").stat().st_size, (folder / "model.safetensors").stat().st_size
+    full, half = (saved / "model.safetensors").stat().st_size, (
+        folder / "model.safetensors"
+    ).stat().st_size
     assert 0.49 < half / full < 0.51, (half, full)
     got, _, _, dtypes = parse_safetensors(folder / "model.safetensors")
     assert set(dtypes.values()) == {"BF16"}
@@ -280,24 +312,30 @@ def test_bf16_save_is_half_the_size_and_loads(minilm, saved, tmp_path):
     a, b = model.state_dict(), again.state_dict()
     for k in a:
         assert b[k].dtype == torch.float32 and torch.equal(b[k], a[k].bfloat16().float()), k
-    assert np.array_equal(got["embeddings.word_embeddings.weight"], b["embeddings.word_embeddings.weight"].numpy())
+    assert np.array_equal(got["embeddings.word_embeddings.weight"],
+                          b["embeddings.word_embeddings.weight"].numpy())
 
 
 def test_mlm_model_round_trip(tmp_path, capsys):
     torch.manual_seed(0)
     model = Bert(CFG, mlm_head=True)
-    tok = common.Tokenizer({w: i for i, w in enumerate(list(common.SPECIAL_TOKENS) + [f"w{i}" for i in range(123)])})
+    tok = common.Tokenizer(
+        {w: i for i, w in enumerate(list(common.SPECIAL_TOKENS) + [f"w{i}" for i in range(123)])}
+    )
     model.save_pretrained(tmp_path / "mlm", tok)
     got = parse_safetensors(tmp_path / "mlm" / "model.safetensors")[0]
-    assert "bert.embeddings.word_embeddings.weight" in got and "cls.predictions.transform.dense.weight" in got
-    assert json.loads((tmp_path / "mlm" / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+    assert "bert.embeddings.word_embeddings.weight" in got
+    assert "cls.predictions.transform.dense.weight" in got
+    assert json.loads((tmp_path / "mlm" / "config.json").read_text())["architectures"] == [
+        "BertForMaskedLM"
+    ]
     again = Bert.from_pretrained(tmp_path / "mlm", mlm_head=True)
     assert unused_line(capsys.readouterr().err) == set()
     a, b = model.state_dict(), again.state_dict()
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
-# ---- loader errors: each a CheckpointError with a clear message -------------------------------------------------
+# ---- loader errors: each a CheckpointError with a clear message ----------------------------------
 
 def test_missing_tensor(tmp_path):
     tensors, _ = legacy_checkpoint()
@@ -309,9 +347,13 @@ def test_missing_tensor(tmp_path):
 
 def test_wrong_shape(tmp_path):
     tensors, _ = legacy_checkpoint()
-    tensors["bert.encoder.layer.0.intermediate.dense.weight"] = torch.zeros(CFG.intermediate_size + 1, 32)
+    tensors["bert.encoder.layer.0.intermediate.dense.weight"] = torch.zeros(CFG.intermediate_size
+                                                                            + 1, 32)
     folder = write_folder(tmp_path / "w", tensors)
-    with pytest.raises(CheckpointError, match=r"do not match config\.json.*layers\.0\.ffn_in\.weight \(65, 32\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"do not match " r"config\.json.*layers\.0\.ffn_in\.weight \(65, 32\)",
+    ):
         Bert.from_pretrained(folder)
 
 
@@ -320,7 +362,8 @@ def test_truncated_safetensors(tmp_path):
     path = folder / "model.safetensors"
     raw = path.read_bytes()
     path.write_bytes(raw[:len(raw) - 1000])
-    with pytest.raises(CheckpointError, match=r"model\.safetensors: not a valid safetensors file: .*outside"):
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: not a valid safetensors file: "
+                                              r".*outside"):
         Bert.from_pretrained(folder)
     path.write_bytes(raw[:5])
     with pytest.raises(CheckpointError, match="too short.*truncated"):
@@ -333,7 +376,8 @@ def test_header_claims_more_bytes_than_the_file_has(tmp_path):
     (folder / "model.safetensors").write_bytes(struct.pack("<Q", 10**6) + header + bytes(8))
     with pytest.raises(CheckpointError, match=r"header claims 1000000 bytes but the file has \d+"):
         Bert.from_pretrained(folder)
-    (folder / "model.safetensors").write_bytes(struct.pack("<Q", 2**63) + header + bytes(8))  # absurd size
+    # absurd size
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", 2**63) + header + bytes(8))
     with pytest.raises(CheckpointError, match="header claims"):
         Bert.from_pretrained(folder)
 
@@ -359,9 +403,12 @@ def test_pickle_with_code_is_refused_and_never_runs(tmp_path, kind):
     obj = {**tensors, "extra": Payload(marker)} if kind == "payload" else FancyDict(tensors)
     folder = write_folder(tmp_path / "p", {}, fmt=None)
     torch.save(obj, folder / "pytorch_model.bin")
-    with pytest.raises(CheckpointError, match=r"pytorch_model\.bin cannot be loaded safely \(weights only") as e:
+    with pytest.raises(CheckpointError, match=r"pytorch_model\.bin cannot be loaded safely "
+                                              r"\(weights only") as e:
         Bert.from_pretrained(folder)
-    assert not marker.exists() and "weights_only=False" not in str(e.value) and "trust" not in str(e.value)
+    assert not marker.exists()
+    assert "weights_only=False" not in str(e.value)
+    assert "trust" not in str(e.value)
     if kind == "payload":  # the payload is real: an unsafe load would have run it
         torch.load(folder / "pytorch_model.bin", weights_only=False)
         assert marker.exists()
@@ -391,19 +438,23 @@ def test_mlm_request_without_mlm_head(tmp_path):
         Bert.from_pretrained(folder, mlm_head=True)
 
 
-# ---- the command line and the import rule ------------------------------------------------------------------------
+# ---- the command line and the import rule --------------------------------------------------------
 
 def test_cli_eval_reports_a_broken_checkpoint_in_one_line(tmp_path, senteval_dir):
     tensors, _ = legacy_checkpoint()
     del tensors["bert.encoder.layer.0.attention.self.key.bias"]
     folder = write_folder(tmp_path / "broken", tensors)
-    proc = subprocess.run([sys.executable, "common.py", "eval", "--model", str(folder), "--senteval",
-                           str(senteval_dir), "--device", "cpu"], cwd=ROOT, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "common.py", "eval", "--model", str(folder),
+                           "--senteval",
+                           str(senteval_dir), "--device", "cpu"], cwd=ROOT, capture_output=True,
+                          text=True,
                           timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "layers.0.key.bias" in lines[0], proc.stderr
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: "), proc.stderr
+    assert "layers.0.key.bias" in lines[0], proc.stderr
 
 
 IMPORT_CHECK = """
@@ -411,16 +462,20 @@ import json, sys
 import torch, numpy, scipy.stats
 before = set(sys.modules)
 import common
-new = sorted({m.split(".")[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names) - {"common"})
+new = sorted({m.split(".")[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names) -
+{"common"})
 print(json.dumps({"new": new, "all": sorted({m.split(".")[0] for m in sys.modules})}))
 """
 
 
 def test_common_imports_only_stdlib_torch_numpy_scipy():
-    proc = subprocess.run([sys.executable, "-c", IMPORT_CHECK], cwd=ROOT, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", IMPORT_CHECK], cwd=ROOT, capture_output=True,
+                          text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["new"] == [], f"common.py imports modules beyond stdlib/torch/numpy/scipy: {result['new']}"
+    assert (
+        result["new"] == []
+    ), f"common.py imports modules beyond stdlib/torch/numpy/scipy: {result['new']}"
     forbidden = {"transformers", "safetensors", "tokenizers", "sentence_transformers", "tqdm"}
     assert not forbidden & set(result["all"])

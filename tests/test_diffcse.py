@@ -1,4 +1,5 @@
-"""DiffCSE: the RTD loss against a loop, the masking statistics, the conditioning path and the frozen generator."""
+"""DiffCSE: the RTD loss against a loop, the masking statistics, the conditioning path and the
+frozen generator."""
 import copy
 
 import pytest
@@ -8,10 +9,12 @@ import torch.nn.functional as F
 import common
 import diffcse_min
 from common import Bert, BertConfig, CheckpointError, MixedPrecision, make_optimizer, optimizer_step
-from diffcse_min import (BNProjector, Config, Discriminator, corrupt, info_nce, load_generator, loss_fn, mask_tokens,
+from diffcse_min import (BNProjector, Config, Discriminator, corrupt, info_nce, load_generator,
+                         loss_fn, mask_tokens,
                          rtd_loss, train_step)
 
-TOK = common.Tokenizer({w: i for i, w in enumerate([*common.SPECIAL_TOKENS, *(f"w{i}" for i in range(123))])})
+TOK = common.Tokenizer({w: i for i, w in enumerate([*common.SPECIAL_TOKENS, *(f"w{i}" for i
+                                                                              in range(123))])})
 SPECIAL = (TOK.cls_id, TOK.sep_id)
 
 
@@ -38,8 +41,10 @@ def test_rtd_loss_equals_loop_and_gradcheck():
     torch.manual_seed(0)
     logits = torch.randn(3, 5, 2, dtype=torch.double, requires_grad=True)
     labels = torch.randint(0, 2, (3, 5))
-    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0]])  # the longest row: all 5 columns
-    ref = sum(-torch.log_softmax(logits[n, t], -1)[labels[n, t]] for n in range(3) for t in range(5)) / 15
+    # the longest row: all 5 columns
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0]])
+    ref = sum(-torch.log_softmax(logits[n, t], -1)[labels[n, t]] for n in range(3) for t
+              in range(5)) / 15
     torch.testing.assert_close(rtd_loss(logits, labels, mask), ref)
     g, = torch.autograd.grad(rtd_loss(logits, labels, mask), logits)
     g_ref, = torch.autograd.grad(ref, logits)
@@ -48,20 +53,25 @@ def test_rtd_loss_equals_loop_and_gradcheck():
 
 
 def test_rtd_loss_is_unchanged_by_padding_past_the_longest_sentence():
-    """--compile pads every batch to max_len: the extra columns (whatever their logits) must not move the
+    """--compile pads every batch to max_len: the extra columns (whatever their logits) must not
+    move the
     loss, which stays the official mean over N x (longest sentence), padding within it included."""
     torch.manual_seed(0)
     logits, labels = torch.randn(4, 6, 2, dtype=torch.double), torch.randint(0, 2, (4, 6))
     mask = (torch.arange(6) < torch.tensor([[6], [3], [5], [2]])).long()
     labels = labels * mask
     padded = torch.cat([logits, torch.randn(4, 10, 2, dtype=torch.double)], 1)  # 10 more columns
-    padded_labels, padded_mask = (torch.cat([t, torch.zeros(4, 10, dtype=t.dtype)], 1) for t in (labels, mask))
+    padded_labels, padded_mask = (torch.cat([t, torch.zeros(4, 10, dtype=t.dtype)], 1) for t
+                                  in (labels, mask))
     loss = rtd_loss(logits, labels, mask)
-    torch.testing.assert_close(rtd_loss(padded, padded_labels, padded_mask), loss, rtol=1e-14, atol=0)
-    torch.testing.assert_close(loss, F.cross_entropy(logits.flatten(0, 1), labels.flatten()))  # the official mean
+    torch.testing.assert_close(rtd_loss(padded, padded_labels, padded_mask), loss, rtol=1e-14,
+                               atol=0)
+    # the official mean
+    torch.testing.assert_close(loss, F.cross_entropy(logits.flatten(0, 1), labels.flatten()))
     h = torch.randn(2, 2, 8, dtype=torch.double)
     (a, stats_a), (b, stats_b) = (loss_fn(h, *x, 0.05, 0.1) for x in [(logits, labels, mask),
-                                                                    (padded, padded_labels, padded_mask)])
+                                                                    (padded, padded_labels,
+                                                                     padded_mask)])
     torch.testing.assert_close(a, b, rtol=1e-14, atol=0)
     assert stats_a.keys() == stats_b.keys()
     for k in stats_a:
@@ -78,7 +88,8 @@ def test_lambda_zero_is_info_nce_and_stats_count_real_tokens():
     loss, stats = loss_fn(h, logits, labels, mask, 0.05, 0.0)
     torch.testing.assert_close(loss, info_nce(h[0], h[1], 0.05))
     loss1, _ = loss_fn(h, logits, labels, mask, 0.05, 0.5)
-    official = F.cross_entropy(logits[:, :4].flatten(0, 1), labels[:, :4].flatten())  # padded to the longest: 4
+    # padded to the longest: 4
+    official = F.cross_entropy(logits[:, :4].flatten(0, 1), labels[:, :4].flatten())
     torch.testing.assert_close(loss1, loss + 0.5 * official)
     pred, real = logits.argmax(-1), mask.bool()
     rep, kept = real & (labels == 1), real & (labels == 0)
@@ -95,7 +106,8 @@ def test_mask_tokens_statistics():
     for _ in range(6):
         out, chosen = mask_tokens(ids, mask, 0.30, TOK.mask_id, 30522, SPECIAL, gen)
         assert not (chosen & ~maskable).any(), "a special token or padding was chosen"
-        assert torch.equal(out[~maskable], ids[~maskable]) and torch.equal(out[~chosen], ids[~chosen])
+        assert torch.equal(out[~maskable], ids[~maskable]) and torch.equal(out[~chosen],
+                                                                           ids[~chosen])
         n, chosen_n = n + maskable.sum().item(), chosen_n + chosen.sum().item()
         to_mask += (chosen & (out == TOK.mask_id)).sum().item()
         to_random += (chosen & (out != TOK.mask_id) & (out != ids)).sum().item()
@@ -106,7 +118,8 @@ def test_mask_tokens_statistics():
 
 def test_mask_tokens_seeded_and_each_view_on_its_own():
     ids, mask = sentences(4, 20, seed=2)
-    views = ids.repeat(2, 1), mask.repeat(2, 1)  # the same sentences twice, as make_views stacks them
+    # the same sentences twice, as make_views stacks them
+    views = ids.repeat(2, 1), mask.repeat(2, 1)
     a, ca = mask_tokens(*views, 0.3, TOK.mask_id, 128, SPECIAL, torch.Generator().manual_seed(7))
     b, cb = mask_tokens(*views, 0.3, TOK.mask_id, 128, SPECIAL, torch.Generator().manual_seed(7))
     assert torch.equal(a, b) and torch.equal(ca, cb)
@@ -117,14 +130,16 @@ def test_corrupt_restores_cls_keeps_pads_and_labels_changes():
     _, _, _, generator = tiny_models()
     ids, mask = sentences(6, 12, seed=3)
     cfg = Config(mask_ratio=0.3)
-    masked, _ = mask_tokens(ids, mask, cfg.mask_ratio, TOK.mask_id, 128, SPECIAL, torch.Generator().manual_seed(0))
+    masked, _ = mask_tokens(ids, mask, cfg.mask_ratio, TOK.mask_id, 128, SPECIAL,
+                            torch.Generator().manual_seed(0))
     x2, labels = corrupt(generator, masked, ids, mask, TOK)
     assert torch.equal(x2[:, 0], ids[:, 0]) and torch.equal(x2[mask == 0], ids[mask == 0])
     assert torch.equal(labels, (x2 != ids).long()) and not labels[mask == 0].any() and labels.any()
 
 
 class PerfectGenerator:
-    """Fills every position with the original token, [MASK]ed or not: a generator that never errs."""
+    """Fills every position with the original token, [MASK]ed or not: a generator that never
+    errs."""
 
     def __init__(self, ids):
         self.ids = ids
@@ -137,10 +152,12 @@ class PerfectGenerator:
 
 
 def test_a_token_the_generator_restores_is_labelled_original():
-    """ELECTRA's labels: 'replaced' means 'differs from the original', so a masked token the generator
+    """ELECTRA's labels: 'replaced' means 'differs from the original', so a masked token the
+    generator
     gets right is 0 [DiffCSE §3; official code]."""
     ids, mask = sentences(6, 12, seed=3)
-    masked, chosen = mask_tokens(ids, mask, 0.5, TOK.mask_id, 128, SPECIAL, torch.Generator().manual_seed(0))
+    masked, chosen = mask_tokens(ids, mask, 0.5, TOK.mask_id, 128, SPECIAL,
+                                 torch.Generator().manual_seed(0))
     x2, labels = corrupt(PerfectGenerator(ids), masked, ids, mask, TOK)
     assert chosen.any() and torch.equal(x2, ids) and not labels.any()
 
@@ -157,10 +174,12 @@ def test_discriminator_reads_h_at_position_0():
 
 
 def test_rtd_gradient_reaches_encoder_through_projector(monkeypatch):
-    monkeypatch.setattr(diffcse_min, "info_nce", lambda h1, h2, temp: 0.0 * h1.sum())  # loss = λ·RTD alone
+    # loss = λ·RTD alone
+    monkeypatch.setattr(diffcse_min, "info_nce", lambda h1, h2, temp: 0.0 * h1.sum())
     model, head, disc, generator = tiny_models()
     ids, mask = sentences(8, 10, seed=5)
-    loss, stats = train_step(model, head, ids[:, None], mask[:, None], Config(lambda_rtd=0.005), disc, generator,
+    loss, stats = train_step(model, head, ids[:, None], mask[:, None], Config(lambda_rtd=0.005),
+                             disc, generator,
                              TOK, torch.Generator().manual_seed(0))
     torch.testing.assert_close(loss, 0.005 * stats["rtd"])
     loss.backward()
@@ -172,7 +191,8 @@ def test_generator_frozen_over_a_training_step():
     model, head, disc, generator = tiny_models()
     before = copy.deepcopy(generator.state_dict())
     modules = (model, head, disc, generator)
-    opt, sched = make_optimizer([p for m in modules for p in m.parameters()], 1e-3, 10, torch.device("cpu"))
+    opt, sched = make_optimizer([p for m in modules for p in m.parameters()], 1e-3, 10,
+                                torch.device("cpu"))
     ids, mask = sentences(8, 10, seed=6)
     loss, _ = train_step(model, head, ids[:, None], mask[:, None], Config(), disc, generator, TOK,
                          torch.Generator().manual_seed(0))
@@ -180,13 +200,15 @@ def test_generator_frozen_over_a_training_step():
     optimizer_step(loss, opt, sched, MixedPrecision("fp32", torch.device("cpu")))
     assert all(not p.requires_grad and p.grad is None for p in generator.parameters())
     assert all(torch.equal(before[k], v) for k, v in generator.state_dict().items())
-    assert any(not torch.equal(enc_before[k], v) for k, v in model.state_dict().items()), "the encoder did not move"
+    assert any(not torch.equal(enc_before[k], v) for k, v
+               in model.state_dict().items()), "the encoder did not move"
 
 
 def test_generator_checkpoint_without_mlm_head_is_a_clear_error(tmp_path):
     torch.manual_seed(0)
     Bert(BertConfig.tiny()).save_pretrained(tmp_path / "encoder", TOK)
-    with pytest.raises(CheckpointError, match="no masked-LM head: a masked language model is needed"):
+    with pytest.raises(CheckpointError, match="no masked-LM head: a masked language model is "
+                                              "needed"):
         load_generator(tmp_path / "encoder", TOK)
     Bert(BertConfig.tiny(), mlm_head=True).save_pretrained(tmp_path / "mlm", TOK)
     generator = load_generator(tmp_path / "mlm", TOK)
@@ -194,7 +216,9 @@ def test_generator_checkpoint_without_mlm_head_is_a_clear_error(tmp_path):
 
 
 def test_generator_with_another_vocabulary_is_refused(tmp_path):
-    other = common.Tokenizer({w: i for i, w in enumerate([*common.SPECIAL_TOKENS, *(f"v{i}" for i in range(123))])})
+    other = common.Tokenizer(
+        {w: i for i, w in enumerate([*common.SPECIAL_TOKENS, *(f"v{i}" for i in range(123))])}
+    )
     Bert(BertConfig.tiny(), mlm_head=True).save_pretrained(tmp_path / "mlm", other)
     with pytest.raises(common.UserError, match="vocabulary"):
         load_generator(tmp_path / "mlm", TOK)

@@ -1,7 +1,11 @@
-"""Downloads against the stand-in hub (stand_in_hub.py), which answers as the real hub is recorded to answer
-(fixtures/hub_facts.py): a large file is a 302 to a CDN on another host, its SHA-256 and size stated in the hub's
-own answer only; the CDN's ETag is no SHA-256; a renamed repository redirects relatively; errors carry X-Error-Code.
-Every known model name fetches files its repository really holds, and the Hugging Face cache is used in place."""
+"""Downloads against the stand-in hub (stand_in_hub.py), which answers as the real hub is recorded
+to answer
+(fixtures/hub_facts.py): a large file is a 302 to a CDN on another host, its SHA-256 and size stated
+in the hub's
+own answer only; the CDN's ETag is no SHA-256; a renamed repository redirects relatively; errors
+carry X-Error-Code.
+Every known model name fetches files its repository really holds, and the Hugging Face cache is used
+in place."""
 import hashlib
 import os
 import io
@@ -21,7 +25,8 @@ TAR = "datasets/princeton-nlp/datasets-for-simcse/senteval.tar"
 
 @pytest.fixture
 def blob_hub():
-    """The stand-in hub holding one large (LFS) file, org/model/model.safetensors, and a small one."""
+    """The stand-in hub holding one large (LFS) file, org/model/model.safetensors, and a small
+    one."""
     with StandInHub({NAME: BLOB, "org/model/config.json": b'{"a": 1}'}, lfs={NAME}) as h:
         yield h
 
@@ -33,7 +38,9 @@ def url(hub, file="model.safetensors"):
 def test_large_file_via_the_cdn_checked_against_the_hubs_sha256(blob_hub, tmp_path, capsys):
     dest = common.download(url(blob_hub), tmp_path / "sub" / "model.safetensors")
     assert dest.read_bytes() == BLOB and not (tmp_path / "sub" / "model.safetensors.part").exists()
-    assert [(m, host, r) for m, host, _, r in blob_hub.requests] == [("HEAD", "hub", None), ("GET", "cdn", None)]
+    assert [(m, host, r) for m, host, _, r in blob_hub.requests] == [("HEAD", "hub", None), ("GET",
+                                                                                             "cdn",
+                                                                                             None)]
     err = capsys.readouterr().err
     assert "model.safetensors:" in err and "MB" in err
 
@@ -50,8 +57,10 @@ def test_resume_after_a_cut_verifies_the_whole_file(blob_hub, tmp_path, reset):
     assert BLOB.startswith(part.read_bytes()) and (have > 0 or reset)
     common.download(url(blob_hub), dest)
     assert dest.read_bytes() == BLOB and not part.exists()
-    head, get = blob_hub.requests[-2:]  # the hub asked again (its CDN address may expire), then a Range
-    assert (head[:2], get[:2], get[3]) == (("HEAD", "hub"), ("GET", "cdn"), f"bytes={have}-" if have else None)
+    # the hub asked again (its CDN address may expire), then a Range
+    head, get = blob_hub.requests[-2:]
+    assert (head[:2], get[:2], get[3]) == (("HEAD", "hub"), ("GET", "cdn"), f"bytes={have}-" if have
+                                           else None)
 
 
 def test_a_resumed_part_that_does_not_match_is_caught(blob_hub, tmp_path):
@@ -74,7 +83,8 @@ def test_a_whole_part_file_is_finished_without_fetching(blob_hub, tmp_path):
     (tmp_path / "model.safetensors.part").write_bytes(BLOB)
     common.download(url(blob_hub), tmp_path / "model.safetensors")
     assert (tmp_path / "model.safetensors").read_bytes() == BLOB
-    assert [host for _, host, _, _ in blob_hub.requests] == ["hub"]  # the size the hub states: nothing left
+    # the size the hub states: nothing left
+    assert [host for _, host, _, _ in blob_hub.requests] == ["hub"]
 
 
 def test_bytes_that_differ_from_the_stated_sha256_are_deleted(blob_hub, tmp_path):
@@ -83,19 +93,22 @@ def test_bytes_that_differ_from_the_stated_sha256_are_deleted(blob_hub, tmp_path
         common.download(url(blob_hub), tmp_path / "model.safetensors")
     assert not list(tmp_path.iterdir())
     blob_hub.corrupt = False
-    with pytest.raises(common.UserError, match="corrupt"):  # an explicit expected hash is checked too
+    # an explicit expected hash is checked too
+    with pytest.raises(common.UserError, match="corrupt"):
         common.download(url(blob_hub), tmp_path / "x.bin", expected_sha256="0" * 64)
 
 
 def test_the_cdns_etag_is_never_taken_for_a_sha256(blob_hub, tmp_path):
-    """The CDN's ETag is 64 hex digits (the Xet hash) but not the SHA-256 [hub_facts.CDN_FILE]; where the hub
+    """The CDN's ETag is 64 hex digits (the Xet hash) but not the SHA-256 [hub_facts.CDN_FILE];
+    where the hub
     states no X-Linked-Etag there is nothing to check, and the file is not called corrupt."""
     blob_hub.unstated.add(NAME)
     assert common.download(url(blob_hub), tmp_path / "model.safetensors").read_bytes() == BLOB
 
 
 def test_a_small_files_git_sha1_etag_is_not_a_checksum(blob_hub, tmp_path):
-    assert common.download(url(blob_hub, "config.json"), tmp_path / "c.json").read_bytes() == b'{"a": 1}'
+    assert common.download(url(blob_hub, "config.json"),
+                           tmp_path / "c.json").read_bytes() == b'{"a": 1}'
     assert [(m, host) for m, host, _, _ in blob_hub.requests] == [("HEAD", "hub"), ("GET", "hub")]
 
 
@@ -117,24 +130,30 @@ def test_offline_message(tmp_path):
     port = s.getsockname()[1]
     s.close()  # nothing listens there now
     with pytest.raises(common.UserError, match="offline"):
-        common.download(f"http://127.0.0.1:{port}/m/resolve/main/config.json", tmp_path / "config.json")
+        common.download(f"http://127.0.0.1:{port}/m/resolve/main/config.json",
+                        tmp_path / "config.json")
 
 
 @pytest.mark.parametrize("name", list(common.KNOWN_MODELS))
 def test_every_known_name_fetches_files_its_repository_holds(name, hub):
-    """Through the renamed repository's redirect where the name is an old one; each file one the recorded
-    repository holds; the model and tokenizer load from what arrived, and a second load asks nothing."""
+    """Through the renamed repository's redirect where the name is an old one; each file one the
+    recorded
+    repository holds; the model and tokenizer load from what arrived, and a second load asks
+    nothing."""
     repo = facts.RENAMED.get(name, name)
     held = [f.removesuffix(":L") for f in facts.MODEL_FILES[repo]]
     assert set(common.KNOWN_MODELS[name]) <= set(held), "a file the repository does not hold"
     kind = "distilbert" if name == "distilbert-base-uncased" else None
     model = common.Bert.from_pretrained(name, mlm_head=kind is not None)
     tok = common.Tokenizer.from_pretrained(name)
-    got = [p.rsplit("/", 1)[1] for m, host, p, _ in hub.requests if m == "HEAD" and p.startswith(f"/{name}/")]
+    got = [p.rsplit("/", 1)[1] for m, host, p, _ in hub.requests if m == "HEAD"
+           and p.startswith(f"/{name}/")]
     assert got == common.KNOWN_MODELS[name]
     folder = common.CACHE / "models" / name
-    assert sorted(p.name for p in folder.iterdir()) == sorted(common.KNOWN_MODELS[name])  # no .part left
-    assert all((folder / f).read_bytes() == hub.files[f"{repo}/{f}"] for f in common.KNOWN_MODELS[name])
+    # no .part left
+    assert sorted(p.name for p in folder.iterdir()) == sorted(common.KNOWN_MODELS[name])
+    assert all((folder / f).read_bytes() == hub.files[f"{repo}/{f}"] for f
+               in common.KNOWN_MODELS[name])
     assert model.cfg.model_type == ("roberta" if "roberta" in name else kind or "bert")
     assert len(tok.vocab) == model.cfg.vocab_size or "roberta" in name
     n = len(hub.requests)
@@ -143,7 +162,8 @@ def test_every_known_name_fetches_files_its_repository_holds(name, hub):
 
 
 def hf_cache_snapshot(hub_cache, name, files):
-    """A snapshot as huggingface_hub writes it [hub_facts, cache]: blobs/<etag>, snapshots/<commit>/<file> a
+    """A snapshot as huggingface_hub writes it [hub_facts, cache]: blobs/<etag>,
+    snapshots/<commit>/<file> a
     relative symlink to ../../blobs/<etag>, refs/main holding the commit without a newline."""
     repo, commit = hub_cache / ("models--" + name.replace("/", "--")), "a" * 40
     for f, data in files.items():
@@ -157,14 +177,18 @@ def hf_cache_snapshot(hub_cache, name, files):
     return repo / "snapshots" / commit
 
 
-@pytest.mark.parametrize("variable", ["HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"])
+@pytest.mark.parametrize("variable", ["HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME",
+                                      "XDG_CACHE_HOME"])
 def test_a_model_in_the_hugging_face_cache_is_used_in_place(variable, hub, tmp_path, monkeypatch):
-    """Where huggingface_hub would have put it, for each way its location is set; nothing is downloaded."""
+    """Where huggingface_hub would have put it, for each way its location is set; nothing is
+    downloaded."""
     monkeypatch.delenv("HF_HUB_CACHE")
     base = tmp_path / variable
     monkeypatch.setenv(variable, str(base))
-    hub_dir = {"HF_HOME": base / "hub", "XDG_CACHE_HOME": base / "huggingface" / "hub"}.get(variable, base)
-    files = {f: hub.files[f"google-bert/bert-base-uncased/{f}"] for f in common.KNOWN_MODELS["bert-base-uncased"]}
+    hub_dir = {"HF_HOME": base / "hub",
+               "XDG_CACHE_HOME": base / "huggingface" / "hub"}.get(variable, base)
+    files = {f: hub.files[f"google-bert/bert-base-uncased/{f}"] for f
+             in common.KNOWN_MODELS["bert-base-uncased"]}
     snapshot = hf_cache_snapshot(hub_dir, "bert-base-uncased", files)
     assert common.resolve_model("bert-base-uncased") == snapshot
     common.Bert.from_pretrained("bert-base-uncased")
@@ -172,7 +196,8 @@ def test_a_model_in_the_hugging_face_cache_is_used_in_place(variable, hub, tmp_p
 
 
 def test_a_name_with_glob_characters_matches_only_itself(hub, tmp_path):
-    files = {f: hub.files[f"google-bert/bert-base-uncased/{f}"] for f in common.KNOWN_MODELS["bert-base-uncased"]}
+    files = {f: hub.files[f"google-bert/bert-base-uncased/{f}"] for f
+             in common.KNOWN_MODELS["bert-base-uncased"]}
     hf_cache_snapshot(common.hub_cache(), "bert-base-uncased", files)
     for name in ("bert-*", "bert-base-uncase?", "[b]ert-base-uncased"):
         with pytest.raises(common.UserError, match="neither a folder nor a known name"):
@@ -192,16 +217,19 @@ def test_simcse_cache_that_is_a_file_or_unwritable_is_one_line(where, hub, tmp_p
     assert (tmp_path / "a file").read_text() == "" and not os.path.exists("/sys/simcse-cache")
 
 
-# --- senteval.tar -----------------------------------------------------------------------------------------
+# --- senteval.tar ---------------------------------------------------------------------------------
 
 def test_the_recorded_senteval_tar_unpacks_every_task_we_read(hub):
-    """Members at the top (STS/..., CR/...), as the real tar holds them: the STS table's and the transfer
+    """Members at the top (STS/..., CR/...), as the real tar holds them: the STS table's and the
+    transfer
     tasks' folders land under downstream/, SNLI is left out, no temporary folder stays."""
     root = common.download_senteval()
     assert root == common.CACHE / "senteval" / "downstream"
     common.check_senteval(root, "test"), common.check_senteval(root, "dev")
-    wanted = [m for m in facts.SENTEVAL_MEMBERS if not m.endswith("/") and m.split("/")[0] in common.SENTEVAL_TASKS]
-    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) == sorted(wanted)
+    wanted = [m for m in facts.SENTEVAL_MEMBERS if not m.endswith("/") and m.split("/")[0]
+              in common.SENTEVAL_TASKS]
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
+                  if p.is_file()) == sorted(wanted)
     assert sorted(p.name for p in root.parent.iterdir()) == ["downstream"]
     assert common.load_sts(root, "test")["STS12"]
 
@@ -235,7 +263,8 @@ def test_a_repacked_senteval_tar_works_too(prefix, hub):
 
 
 @pytest.mark.parametrize("hostile", ["../escaped.txt", "/tmp/escaped.txt", "STS/../../escaped.txt",
-                                     "STS/link"], ids=["dotdot", "absolute", "inner-dotdot", "symlink"])
+                                     "STS/link"], ids=["dotdot", "absolute", "inner-dotdot",
+                                                       "symlink"])
 def test_members_that_would_escape_are_refused(hostile, hub, tmp_path):
     members = repacked("", hub) + [(hostile, None if hostile.endswith("link") else b"x")]
     hub.files[TAR] = tar_of(members)

@@ -1,6 +1,9 @@
-"""A newcomer's first minutes: boolean flags as bare switches, every input problem reported at once before any
-work, `wiki1m.txt` fetched once into the cache, a failed download that leaves no empty folder and names the flag,
-losses upcast to at least float32 (float64 stays float64), and --help that runs. Local servers only (127.0.0.1)."""
+"""A newcomer's first minutes: boolean flags as bare switches, every input problem reported at once
+before any
+work, `wiki1m.txt` fetched once into the cache, a failed download that leaves no empty folder and
+names the flag,
+losses upcast to at least float32 (float64 stays float64), and --help that runs. Local servers only
+(127.0.0.1)."""
 import collections
 import copy
 import random
@@ -21,9 +24,16 @@ from tiny_world import make_senteval, sentence, tokenizer
 ROOT = common.Path(common.__file__).parent
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["--overwrite", "--compile"], (True, True)), (["--overwrite", "1"], (True, False)),
-    (["--overwrite", "true"], (True, False)), (["--overwrite", "0"], (False, False)), ([], (False, False))])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--overwrite", "--compile"], (True, True)),
+        (["--overwrite", "1"], (True, False)),
+        (["--overwrite", "true"], (True, False)),
+        (["--overwrite", "0"], (False, False)),
+        ([], (False, False)),
+    ],
+)
 def test_boolean_flags_are_bare_switches(argv, expected):
     cfg = common.parse_args(simcse_min.Config, argv)
     assert (cfg.overwrite, cfg.compile) == expected
@@ -62,10 +72,12 @@ def test_wiki1m_resolves_to_the_simcse_corpus_once(hub, tmp_path, monkeypatch, c
     monkeypatch.chdir(tmp_path / "cwd")
     assert common.data_problems("wiki1m.txt") == []  # absent, yet known: no problem
     path = common.resolve_data("wiki1m.txt")
-    assert path == tmp_path / "cache" / "data" / "wiki1m_for_simcse.txt" and path.read_bytes() == corpus
+    assert path == tmp_path / "cache" / "data" / "wiki1m_for_simcse.txt"
+    assert path.read_bytes() == corpus
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
     assert len(notes) == 1 and "wiki1m_for_simcse.txt" in notes[0], notes
-    assert [host for _, host, _, _ in hub.requests] == ["hub", "cdn"]  # a large file: the hub, then its CDN
+    # a large file: the hub, then its CDN
+    assert [host for _, host, _, _ in hub.requests] == ["hub", "cdn"]
     assert common.resolve_data("wiki1m.txt") == path  # cached now: the server is not asked again
     assert len(hub.requests) == 2 and not (tmp_path / "cwd" / "wiki1m.txt").exists()
 
@@ -79,9 +91,11 @@ def test_failed_download_leaves_no_empty_cache_folder(name, flag, tmp_path, monk
     s.close()  # nothing listens there now
     monkeypatch.setattr(common, "HF_ENDPOINT", f"http://127.0.0.1:{port}")
     monkeypatch.setattr(common, "CACHE", tmp_path / "cache")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # no snapshot of a real download either
+    # no snapshot of a real download either
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     with pytest.raises(common.UserError) as e:
-        common.resolve_model(*(name,) if flag == "--model" else (name, flag))  # --model: the default
+        # --model: the default
+        common.resolve_model(*(name,) if flag == "--model" else (name, flag))
     assert "offline" in str(e.value) and flag in str(e.value), str(e.value)
     assert not (common.CACHE / "models" / name).exists()
 
@@ -101,21 +115,25 @@ def test_float64_model_gives_a_float64_loss(method):
     ids, mask = ids[:, None], mask[:, None]  # [B, 1, L]
     H = model.cfg.hidden_size
     if method == "simcse":
-        losses = [simcse_min.train_step(model, simcse_min.MLPHead(H).double(), ids, mask, simcse_min.Config())[0]]
+        losses = [simcse_min.train_step(model, simcse_min.MLPHead(H).double(), ids, mask,
+                                        simcse_min.Config())[0]]
     elif method == "simcsepp":
         cfg = simcsepp_min.Config()
-        losses = [simcsepp_min.train_step(model, simcsepp_min.MLPHead(H).double(), ids, mask, cfg)[0]]
+        losses = [simcsepp_min.train_step(model, simcsepp_min.MLPHead(H).double(), ids, mask,
+                                          cfg)[0]]
     elif method == "esimcse":
         cfg, head = esimcse_min.Config(queue_size=6), esimcse_min.MLPHead(H).double()
         momentum, queue = esimcse_min.momentum_encoder(model), collections.deque(maxlen=6)
-        losses = [esimcse_min.train_step(model, head, ids, mask, cfg, momentum, queue, random.Random(0))[0]
+        losses = [esimcse_min.train_step(model, head, ids, mask, cfg, momentum, queue,
+                                         random.Random(0))[0]
                   for _ in range(2)]  # the second step with a queue of float64 vectors
         assert all(q.dtype == torch.float64 for q in queue)
     else:
         disc = diffcse_min.Discriminator(copy.deepcopy(model)).double().train()
         generator = common.Bert(model.cfg, mlm_head=True).double().requires_grad_(False)
         head = diffcse_min.BNProjector(H).double().train()
-        losses = [diffcse_min.train_step(model, head, ids, mask, diffcse_min.Config(), disc, generator, tok,
+        losses = [diffcse_min.train_step(model, head, ids, mask, diffcse_min.Config(), disc,
+                                         generator, tok,
                                          torch.Generator().manual_seed(0))[0]]
     for loss in losses:
         assert loss.dtype == torch.float64 and torch.isfinite(loss)
@@ -125,8 +143,10 @@ def test_float64_model_gives_a_float64_loss(method):
 
 
 def test_help_runs():
-    procs = {script: subprocess.Popen([sys.executable, script, "--help"], cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE) for script in ("common.py", "simcse_min.py")}
+    procs = {script: subprocess.Popen([sys.executable, script, "--help"], cwd=ROOT, text=True,
+                                      stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE) for script in ("common.py",
+                                                                             "simcse_min.py")}
     try:  # side by side: each is mostly the import of torch
         outputs = {script: p.communicate(timeout=60) for script, p in procs.items()}
     finally:
@@ -135,4 +155,5 @@ def test_help_runs():
             p.wait()
     for script, p in procs.items():
         assert p.returncode == 0, (script, outputs[script][1])
-    assert "--overwrite" in outputs["simcse_min.py"][0] and "--compile" in outputs["simcse_min.py"][0]
+    assert "--overwrite" in outputs["simcse_min.py"][0]
+    assert "--compile" in outputs["simcse_min.py"][0]

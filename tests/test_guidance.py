@@ -1,6 +1,9 @@
-"""The first fifteen minutes, second pass: a progress line while anything long runs (evaluations, tokenization),
---help in groups with every default meaningful and switches shown bare, hints that name only flags and commands
-that exist where they are printed, the DiffCSE generator's way out offline, one note for unused tensors."""
+"""The first fifteen minutes, second pass: a progress line while anything long runs (evaluations,
+tokenization),
+--help in groups with every default meaningful and switches shown bare, hints that name only flags
+and commands
+that exist where they are printed, the DiffCSE generator's way out offline, one note for unused
+tensors."""
 import importlib
 import io
 import re
@@ -15,22 +18,26 @@ ROOT = common.Path(common.__file__).parent
 METHODS = ["simcse_min.py", "esimcse_min.py", "simcsepp_min.py", "diffcse_min.py"]
 
 
-# --- progress ------------------------------------------------------------------------------------------------
+# --- progress -------------------------------------------------------------------------------------
 
 def test_eval_shows_progress_lines_in_a_log(tmp_path, monkeypatch, capsys):
-    """Not a terminal: a line every PROGRESS_EVERY seconds (0 here) with done/total, elapsed and the ETA."""
+    """Not a terminal: a line every PROGRESS_EVERY seconds (0 here) with done/total, elapsed and the
+    ETA."""
     monkeypatch.setattr(common, "PROGRESS_EVERY", 0.0)
     model, senteval = make_model(tmp_path / "m"), make_senteval(tmp_path / "senteval", n=40)
-    common.cli(["eval", "--model", str(model), "--senteval", str(senteval), "--device", "cpu", "--batch_size", "16"])
+    common.cli(["eval", "--model", str(model), "--senteval", str(senteval), "--device", "cpu",
+                "--batch_size", "16"])
     lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("STS test: ")]
     total = int(re.search(r"/([\d,]+) sentences encoded", lines[0])[1].replace(",", ""))
     assert len(lines) >= 3 and total > 16, lines
-    assert re.fullmatch(r"STS test: 16/[\d,]+ sentences encoded \| \d+ s \| eta \d+ s", lines[0]), lines[0]
+    assert re.fullmatch(r"STS test: 16/[\d,]+ sentences encoded \| \d+ s \| eta \d+ s",
+                        lines[0]), lines[0]
     assert lines[-1].endswith("| done") and f"{total:,}/{total:,}" in lines[-1]
 
 
 def test_a_short_evaluation_in_a_log_says_nothing(tmp_path, capsys):
-    """Below PROGRESS_EVERY seconds nothing is printed: the dev evaluations of a training log stay one line each."""
+    """Below PROGRESS_EVERY seconds nothing is printed: the dev evaluations of a training log stay
+    one line each."""
     progress = common.Progress("STS-B dev")
     for done in (10, 20, 30):
         progress(done, 30)
@@ -49,7 +56,9 @@ def test_on_a_terminal_the_line_is_updated_in_place_then_erased(monkeypatch):
     monkeypatch.setattr(common.time, "time", lambda: next(clock))
     progress = common.Progress("STS test")
     progress(5, 10), progress(10, 10)
-    assert term.getvalue() == "\rSTS test: 5/10 sentences encoded | 1 s | eta 1 s\033[K" + "\r\033[K"
+    assert (
+        term.getvalue() == "\rSTS test: 5/10 sentences encoded | 1 s | eta 1 s\033[K" + "\r\033[K"
+    )
 
 
 def test_tokenization_shows_progress_and_other_ranks_stay_quiet(monkeypatch, capsys):
@@ -57,13 +66,14 @@ def test_tokenization_shows_progress_and_other_ranks_stay_quiet(monkeypatch, cap
     tok = tokenizer()
     common.tokenize_corpus(tok, ["a man is playing ."] * 25_000, 32, workers=1)
     err = capsys.readouterr().err.splitlines()
-    assert err[0].startswith("corpus: 10,000/25,000 sentences tokenized") and err[-1].endswith("done"), err
+    assert err[0].startswith("corpus: 10,000/25,000 sentences tokenized"), err
+    assert err[-1].endswith("done"), err
     monkeypatch.setattr(common, "world", lambda: (1, 2))
     common.tokenize_corpus(tok, ["a man is playing ."] * 100, 32, workers=1)
     assert capsys.readouterr().err == ""
 
 
-# --- --help --------------------------------------------------------------------------------------------------
+# --- --help ---------------------------------------------------------------------------------------
 
 def help_text(capsys, entry, *argv):
     with pytest.raises(SystemExit) as e:
@@ -81,7 +91,8 @@ def test_method_help_groups_flags_and_shows_switches_bare(script, capsys):
     assert not re.search(r"--\w+ \[[A-Z_]+\]", out), "a switch shown with a value"
     assert "--overwrite " in out and "(default: off)" in out
     assert "(default: )" not in out and "(default: None)" not in out
-    for flag in ("--senteval", "--out_dir", "--resume"):  # empty defaults: the help says what empty means
+    # empty defaults: the help says what empty means
+    for flag in ("--senteval", "--out_dir", "--resume"):
         assert re.search(rf"{flag} \S+\s+\S", out), flag
 
 
@@ -102,12 +113,13 @@ def test_the_generator_script_explains_itself_and_fails_in_one_line(tmp_path, ca
     data = tmp_path / "data.txt"
     data.write_text("a sentence .\n" * 2000)
     with pytest.raises(SystemExit) as e:
-        main(["--model", str(tmp_path / "no-model"), "--data", str(data), "--out", str(tmp_path / "o")])
+        main(["--model", str(tmp_path / "no-model"), "--data", str(data), "--out",
+              str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("error: "), err
 
 
-# --- hints ---------------------------------------------------------------------------------------------------
+# --- hints ----------------------------------------------------------------------------------------
 
 def training_flags():
     return {f.name for m in METHODS for f in common.dataclasses.fields(
@@ -115,14 +127,17 @@ def training_flags():
 
 
 def test_every_flag_a_message_names_exists():
-    """Every --flag in a string of the five files is a training flag, an eval/analyze flag, or --help."""
-    cli_flags = {"model", "pooler", "senteval", "batch_size", "device", "mode", "json", "compare", "runs", "out",
+    """Every --flag in a string of the five files is a training flag, an eval/analyze flag, or
+    --help."""
+    cli_flags = {"model", "pooler", "senteval", "batch_size", "device", "mode", "json", "compare",
+                 "runs", "out",
                  "help"}
     for name in ["common.py", *METHODS]:
         text = (ROOT / name).read_text()
         strings = re.findall(r"\"[^\"\n]*\"", text)
         named = {m for s in strings for m in re.findall(r"(?<![\w-])--([a-z][a-z_]*)", s)}
-        assert named <= training_flags() | cli_flags | {"name"}, (name, named - training_flags() - cli_flags)
+        assert named <= training_flags() | cli_flags | {"name"}, (name, named - training_flags()
+                                                                  - cli_flags)
 
 
 @pytest.mark.parametrize("what", ["wiki1m_for_simcse.txt", "senteval", "bert-base-uncased"])
@@ -134,7 +149,8 @@ def test_download_offline_names_no_flag_it_does_not_have(what, tmp_path, monkeyp
     with pytest.raises(common.UserError) as e:
         common.cli(["download", what])
     err = str(e.value)
-    assert "offline" in err and not re.search(r"\s--[a-z]", err) and f"put it at {tmp_path / 'c'}" in err, err
+    assert "offline" in err and not re.search(r"\s--[a-z]",
+                                              err) and f"put it at {tmp_path / 'c'}" in err, err
 
 
 def test_the_generator_offline_says_how_to_make_one(tmp_path, monkeypatch):
@@ -143,15 +159,17 @@ def test_the_generator_offline_says_how_to_make_one(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     with pytest.raises(common.UserError) as e:
         common.resolve_model("distilbert-base-uncased", "--generator")
-    assert "pass its path with --generator" in str(e.value) and "tests/make_generator.py" in str(e.value)
+    assert "pass its path with --generator" in str(e.value)
+    assert "tests/tools/make_generator.py" in str(e.value)
     problems = common.model_problems("no-such-generator", "--generator")
-    assert len(problems) == 1 and "tests/make_generator.py" in problems[0]
+    assert len(problems) == 1 and "tests/tools/make_generator.py" in problems[0]
 
 
-# --- noise ---------------------------------------------------------------------------------------------------
+# --- noise ----------------------------------------------------------------------------------------
 
 def test_unused_pretraining_heads_are_noted_once_with_the_reason(tmp_path, capsys):
-    """DiffCSE loads its model twice (encoder and discriminator): BERT's pooler is noted once, and why."""
+    """DiffCSE loads its model twice (encoder and discriminator): BERT's pooler is noted once, and
+    why."""
     import torch
     folder = make_model(tmp_path / "m")
     tensors = common.read_safetensors(folder / "model.safetensors")

@@ -1,6 +1,9 @@
-"""Each method's head and the parts of its loop that live in train(), checked for what they are named:
-SimCSE's Linear + tanh head as the official code initialises it; DiffCSE's BatchNorm projector (ReLU between,
-no learnable scale at the end) and its generator left in train mode; ESimCSE's queue (bounded by queue_size,
+"""Each method's head and the parts of its loop that live in train(), checked for what they are
+named:
+SimCSE's Linear + tanh head as the official code initialises it; DiffCSE's BatchNorm projector (ReLU
+between,
+no learnable scale at the end) and its generator left in train mode; ESimCSE's queue (bounded by
+queue_size,
 emptied at each epoch) and its momentum encoder (moved after every optimizer step)."""
 import dataclasses
 
@@ -29,40 +32,48 @@ def test_diffcse_projector_is_linear_bn_relu_linear_bn_without_affine():
     torch.manual_seed(0)
     head = diffcse_min.BNProjector(16).train()
     with torch.no_grad():
-        head.net[1].weight.uniform_(0.5, 1.5), head.net[1].bias.uniform_(-1, 1)  # a trained BN, not the init
+        # a trained BN, not the init
+        head.net[1].weight.uniform_(0.5, 1.5), head.net[1].bias.uniform_(-1, 1)
     x = torch.randn(12, 16)
     w1, bn1, w2 = head.net[0].weight, head.net[1], head.net[3].weight
     want = standardise(F.relu(standardise(x @ w1.T) * bn1.weight + bn1.bias) @ w2.T)
     torch.testing.assert_close(head(x), want)
-    assert not list(head.net[4].parameters())  # the last BatchNorm learns nothing [official ProjectionMLP]
+    # the last BatchNorm learns nothing [official ProjectionMLP]
+    assert not list(head.net[4].parameters())
 
 
 def run_recording(module, tmp_path, monkeypatch, record, **kw):
-    """module.train on the tiny world; record(locals of train_step's caller args) before each step."""
-    world = {k: v for k, v in make_world(tmp_path).items() if k != "generator" or module is diffcse_min}
+    """module.train on the tiny world; record(locals of train_step's caller args) before each
+    step."""
+    world = {k: v for k, v in make_world(tmp_path).items() if k != "generator"
+             or module is diffcse_min}
     real_step, seen = module.train_step, []
 
     def step(*args):
         seen.append(record(*args))
         return real_step(*args)
     monkeypatch.setattr(module, "train_step", step)
-    cfg = module.Config(**world, device="cpu", batch_size=8, eval_every=100, out_dir=str(tmp_path / "out"), **kw)
+    cfg = module.Config(**world, device="cpu", batch_size=8, eval_every=100,
+                        out_dir=str(tmp_path / "out"), **kw)
     module.train(cfg)
     return seen
 
 
 def test_esimcse_queue_is_bounded_emptied_each_epoch_and_momentum_moves_after_each_step(tmp_path,
                                                                                       monkeypatch):
-    """48 rows, batch 8: 6 steps an epoch; queue_size 16 holds two batches at most and starts empty each
+    """48 rows, batch 8: 6 steps an epoch; queue_size 16 holds two batches at most and starts empty
+    each
     epoch [official code]; the momentum encoder differs from one step to the next."""
     def record(model, head, ids, mask, cfg, momentum, queue, rng):
         return len(queue), queue.maxlen, [p.detach().clone() for p in momentum.parameters()]
-    seen = run_recording(esimcse_min, tmp_path, monkeypatch, record, queue_size=16, epochs=2, lr=1e-3)
+    seen = run_recording(esimcse_min, tmp_path, monkeypatch, record, queue_size=16, epochs=2,
+                         lr=1e-3)
     sizes = [s for s, _, _ in seen]
     assert len(seen) == 12 and {m for _, m, _ in seen} == {16}
     assert sizes == [0, 8, 16, 16, 16, 16, 0, 8, 16, 16, 16, 16], sizes
     momenta = [m for _, _, m in seen]
-    assert all(not all(torch.equal(a, b) for a, b in zip(x, y)) for x, y in zip(momenta, momenta[1:]))
+    assert all(not all(torch.equal(a, b) for a, b in zip(x, y)) for x, y in zip(momenta,
+                                                                                momenta[1:]))
 
 
 def test_diffcse_generator_keeps_dropout_on_during_training(tmp_path, monkeypatch):

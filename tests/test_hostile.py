@@ -1,6 +1,9 @@
-"""Nothing lost, nothing silently wrong (issue 17), beyond the command-line table of tests/bad_inputs.py: a dev score
-that is not a number never selects the model, every JSON is strict, a saved vocab.txt tokenizes as its source did, a
-corrupt token cache is rebuilt, CSV is parsed as CSV, rows without a token are skipped and counted, and written files
+"""Nothing lost, nothing silently wrong (issue 17), beyond the command-line table of
+tests/tools/bad_inputs.py: a dev score
+that is not a number never selects the model, every JSON is strict, a saved vocab.txt tokenizes as
+its source did, a
+corrupt token cache is rebuilt, CSV is parsed as CSV, rows without a token are skipped and counted,
+and written files
 get the user's usual permissions."""
 import json
 import math
@@ -13,7 +16,8 @@ from tiny_world import make_world
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    return {k: v for k, v in make_world(tmp_path_factory.mktemp("hostile")).items() if k != "generator"}
+    return {k: v for k, v in make_world(tmp_path_factory.mktemp("hostile")).items()
+            if k != "generator"}
 
 
 def strict_json(path):
@@ -28,17 +32,20 @@ def test_a_dev_score_that_is_not_a_number_is_never_best(scores, world, tmp_path,
     given = iter(scores)
     monkeypatch.setattr(common.DevSet, "score", lambda self, model, progress=None: next(given))
     out = tmp_path / "out"
-    simcse_min.train(simcse_min.Config(**world, device="cpu", batch_size=8, max_steps=4, eval_every=1,
+    simcse_min.train(simcse_min.Config(**world, device="cpu", batch_size=8, max_steps=4,
+                                       eval_every=1,
                                        out_dir=str(out)))
     results = strict_json(out / "results.json")  # NaN and -inf written as null
     finite = [(s, d) for s, d in enumerate(scores) if math.isfinite(d)]
     best_step, best_dev = max(finite, key=lambda x: x[1]) if finite else (0, None)
     assert (results["best_step"], results["best_dev"]) == (best_step, best_dev)
-    assert [d for _, d in results["dev_history"]] == [d if math.isfinite(d) else None for d in scores]
+    assert [d for _, d in results["dev_history"]] == [d if math.isfinite(d) else None for d
+                                                      in scores]
 
 
 def test_a_saved_vocab_tokenizes_as_its_source(tmp_path):
-    """vocab.txt with a token twice, a blank line and CRLF endings: ids are line numbers, so the saved folder
+    """vocab.txt with a token twice, a blank line and CRLF endings: ids are line numbers, so the
+    saved folder
     keeps every line where it was (the shadowed duplicate as a blank line)."""
     from tiny_world import make_vocab
     words = make_vocab()
@@ -53,7 +60,8 @@ def test_a_saved_vocab_tokenizes_as_its_source(tmp_path):
     sentences = ["a man is playing a guitar .", "the woman , a dog", "zebra ##s and the man"]
     assert [again.encode(s) for s in sentences] == [tok.encode(s) for s in sentences]
     assert len((tmp_path / "dst" / "vocab.txt").read_text().splitlines()) == len(lines)
-    common.Bert.from_pretrained(tmp_path / "dst")  # the saved folder loads: vocab.txt fits its embedding rows
+    # the saved folder loads: vocab.txt fits its embedding rows
+    common.Bert.from_pretrained(tmp_path / "dst")
 
 
 def test_a_corrupt_token_cache_is_rebuilt_with_a_note(world, tmp_path, monkeypatch, capsys):
@@ -63,8 +71,10 @@ def test_a_corrupt_token_cache_is_rebuilt_with_a_note(world, tmp_path, monkeypat
     first, _, hit = common.tokenize_file(tok, world["data"], 32)
     cached, = (tmp_path / "cache" / "tokens").iterdir()
     rows = [first[i] for i in range(len(first))]
-    bad_arrays = dict(flat=np.array([10**6], np.int32), offsets=np.array([0, 1]), cols=1)  # an id past the vocab
-    for corrupt in (lambda: cached.write_bytes(b"PK\x03\x04 cut"), lambda: np.savez(cached, **bad_arrays)):
+    # an id past the vocab
+    bad_arrays = dict(flat=np.array([10**6], np.int32), offsets=np.array([0, 1]), cols=1)
+    for corrupt in (lambda: cached.write_bytes(b"PK\x03\x04 cut"), lambda: np.savez(cached,
+                                                                                    **bad_arrays)):
         corrupt()
         capsys.readouterr()
         data, _, hit = common.tokenize_file(tok, world["data"], 32)
@@ -74,10 +84,14 @@ def test_a_corrupt_token_cache_is_rebuilt_with_a_note(world, tmp_path, monkeypat
 
 
 def test_csv_is_parsed_as_csv(tmp_path):
-    path = tmp_path / "NLI.CSV"  # capitals; a BOM; a header; quoted commas, quotes and a newline; a blank row
-    path.write_bytes("\ufeffsent0,sent1,hard_neg\r\n".encode() + b'"a man, sitting","he ""sits""\nthere",no\r\n\r\n'
+    # capitals; a BOM; a header; quoted commas, quotes and a newline; a blank row
+    path = tmp_path / "NLI.CSV"
+    path.write_bytes("\ufeffsent0,sent1,hard_neg\r\n".encode() + b'"a man, sitting","he '
+                                                                 b'""sits""\nthere",no\r\n\r\n'
                      b"x,y,z\r\n")
-    assert common.read_training_data(path) == [("a man, sitting", 'he "sits"\nthere', "no"), ("x", "y", "z")]
+    assert common.read_training_data(path) == [("a man, sitting", 'he "sits"\nthere', "no"), ("x",
+                                                                                              "y",
+                                                                                              "z")]
 
 
 def test_rows_without_a_token_are_skipped_and_counted(world, tmp_path, monkeypatch, capsys):
@@ -91,7 +105,8 @@ def test_rows_without_a_token_are_skipped_and_counted(world, tmp_path, monkeypat
 def test_written_files_get_the_usual_permissions(world, tmp_path):
     import simcse_min
     out = tmp_path / "out"
-    simcse_min.train(simcse_min.Config(**world, device="cpu", batch_size=8, max_steps=2, out_dir=str(out)))
+    simcse_min.train(simcse_min.Config(**world, device="cpu", batch_size=8, max_steps=2,
+                                       out_dir=str(out)))
     want = 0o666 & ~common.UMASK
     modes = {p.name: p.stat().st_mode & 0o777 for p in out.rglob("*") if p.is_file()}
     assert modes and all(m == want for m in modes.values()), (oct(want), modes)

@@ -1,6 +1,9 @@
-"""Hostile and broken inputs (tests/bad_inputs.py lists them): each gives its exit code and one line on stderr, never
-a traceback, and a refusal before training leaves no out_dir behind. Run in-process through main_guard, the same
-path as the command line (tests/bad_inputs.py runs them through real processes and prints the table)."""
+"""Hostile and broken inputs (tests/tools/bad_inputs.py lists them): each gives its exit code and
+one line on stderr, never
+a traceback, and a refusal before training leaves no out_dir behind. Run in-process through
+main_guard, the same
+path as the command line (tests/tools/bad_inputs.py runs them through real processes and prints the
+table)."""
 import importlib
 from pathlib import Path
 
@@ -30,8 +33,10 @@ def run(script, args):
 
 
 def saved_files(names):
-    """Bytes of every checkpoint, model and results file of the prepared runs (their logs may grow)."""
-    return {p: p.read_bytes() for folder in names.values() for p in Path(folder).iterdir() if p.name != "log.txt"}
+    """Bytes of every checkpoint, model and results file of the prepared runs (their logs may
+    grow)."""
+    return {p: p.read_bytes() for folder in names.values() for p in Path(folder).iterdir()
+            if p.name != "log.txt"}
 
 
 def test_every_bad_input_gives_one_line_and_its_exit_code(table, capsys, monkeypatch):
@@ -56,7 +61,8 @@ def test_every_bad_input_gives_one_line_and_its_exit_code(table, capsys, monkeyp
 
 
 def test_a_full_disk_is_one_line_and_the_last_checkpoint_stays(table):
-    """A checkpoint of a later step, or the final model, cannot be written: the previous checkpoint is intact."""
+    """A checkpoint of a later step, or the final model, cannot be written: the previous checkpoint
+    is intact."""
     rows, names, _ = table
     full = [r for r in rows if len(r) > 5 and "fsize" in r[5]]
     assert [r[2][-1] for r in full] == ["FULL_DISK", "FULL_DISK_FINAL"]

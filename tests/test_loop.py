@@ -1,6 +1,9 @@
-"""The loop pieces, each checked for the property it is named for, directly: the optimizer is the official AdamW
-(betas, eps, no weight decay) with a linear decay that ends at 0; a gradient above 1.0 is cut to 1.0 before the
-step; the gradients are cleared after it; each epoch draws its own order of full batches from the seed; a later,
+"""The loop pieces, each checked for the property it is named for, directly: the optimizer is the
+official AdamW
+(betas, eps, no weight decay) with a linear decay that ends at 0; a gradient above 1.0 is cut to 1.0
+before the
+step; the gradients are cleared after it; each epoch draws its own order of full batches from the
+seed; a later,
 worse evaluation never replaces the best model, which is the model saved and tested."""
 import math
 
@@ -23,11 +26,13 @@ def test_adamw_as_the_official_trainer_sets_it_decaying_linearly_to_zero():
         lrs.append(opt.param_groups[0]["lr"])
         p.grad = torch.ones(3)
         opt.step(), sched.step()
-    assert lrs == pytest.approx([3e-5 * (1 - s / 10) for s in range(10)]) and opt.param_groups[0]["lr"] == 0.0
+    assert lrs == pytest.approx([3e-5 * (1 - s / 10) for s
+                                 in range(10)]) and opt.param_groups[0]["lr"] == 0.0
 
 
 def grad_norms_at_the_step(scale):
-    """One optimizer_step on a loss whose gradient norm is `scale` -> (gradient norm the optimizer saw, grads after,
+    """One optimizer_step on a loss whose gradient norm is `scale` -> (gradient norm the optimizer
+    saw, grads after,
     lr after)."""
     p = torch.nn.Parameter(torch.zeros(4))
     opt, sched = common.make_optimizer([p], 1e-3, 10, CPU)
@@ -49,7 +54,8 @@ def test_the_step_clears_the_gradients_and_moves_the_schedule():
 
 
 def batch_orders(seed, n_rows=20, batch_size=4, total=10):
-    """The row order Run.batches draws (each row's id list is its row number) -> one list per epoch."""
+    """The row order Run.batches draws (each row's id list is its row number) -> one list per
+    epoch."""
     run = object.__new__(common.Run)
     fields = ["seed", "batch_size", "epochs", "max_steps"]
     run.cfg = common.dataclasses.make_dataclass("Cfg", fields)(seed, batch_size, 100, total)
@@ -68,12 +74,14 @@ def test_each_epoch_draws_its_own_order_of_full_batches_from_the_seed():
     first, second = batch_orders(seed=42)
     assert sorted(first) == sorted(second) == list(range(20))  # every row once an epoch
     assert first != second  # a fresh permutation per epoch
-    assert batch_orders(seed=42) == [first, second] and batch_orders(seed=7)[0] != first  # the seed decides
+    # the seed decides
+    assert batch_orders(seed=42) == [first, second] and batch_orders(seed=7)[0] != first
     assert len(batch_orders(seed=42, n_rows=22)[0]) == 20  # the 2 rows of a short last batch wait
 
 
 def test_a_later_worse_evaluation_never_replaces_the_best_model(tmp_path, monkeypatch):
-    """Dev scores 50, 70, 60, 65 at steps 0-3: the model of step 1 is the one kept, tested and saved."""
+    """Dev scores 50, 70, 60, 65 at steps 0-3: the model of step 1 is the one kept, tested and
+    saved."""
     import simcse_min
     world = {k: v for k, v in make_world(tmp_path).items() if k != "generator"}
     scores, states = iter([50.0, 70.0, 60.0, 65.0]), {}
@@ -83,7 +91,8 @@ def test_a_later_worse_evaluation_never_replaces_the_best_model(tmp_path, monkey
         return next(scores)
     monkeypatch.setattr(common.DevSet, "score", score)
     out = tmp_path / "out"
-    results = simcse_min.train(simcse_min.Config(**world, device="cpu", batch_size=8, max_steps=3, eval_every=1,
+    results = simcse_min.train(simcse_min.Config(**world, device="cpu", batch_size=8, max_steps=3,
+                                                 eval_every=1,
                                                  out_dir=str(out)))
     assert (results["best_step"], results["best_dev"]) == (1, 70.0)
     saved = common.Bert.from_pretrained(out).state_dict()
@@ -93,16 +102,19 @@ def test_a_later_worse_evaluation_never_replaces_the_best_model(tmp_path, monkey
 
 
 def test_shard_takes_this_ranks_block_of_each_view(monkeypatch):
-    """Rank 1 of 2, two views of B = 4: rows 2-3 of each view, in order (all_gather puts them back there)."""
+    """Rank 1 of 2, two views of B = 4: rows 2-3 of each view, in order (all_gather puts them back
+    there)."""
     monkeypatch.setattr(common, "world", lambda: (1, 2))
     x = torch.arange(8)[:, None]  # [views * B, 1], view-major
     assert common.shard(x, views=2).flatten().tolist() == [2, 3, 6, 7]
 
 
 def test_all_gather_backward_sums_over_ranks_and_keeps_this_ranks_slice(monkeypatch):
-    """Each rank's loss is the whole batch's: rank r's gradient is the sum over ranks of dL, its own rows."""
+    """Each rank's loss is the whole batch's: rank r's gradient is the sum over ranks of dL, its own
+    rows."""
     monkeypatch.setattr(common, "world", lambda: (1, 2))
-    monkeypatch.setattr(common.dist, "all_reduce", lambda t: t.mul_(2))  # the other rank sent the same
+    # the other rank sent the same
+    monkeypatch.setattr(common.dist, "all_reduce", lambda t: t.mul_(2))
     grad = torch.arange(8.0).view(2, 4, 1)  # [views, N*b, 1]
     out = common._AllGather.backward(None, grad)
     assert out.flatten().tolist() == [4.0, 6.0, 12.0, 14.0]

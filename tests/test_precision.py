@@ -1,9 +1,12 @@
 """--precision and runs that move between devices (issue 16), all on the CPU:
 - the choice per GPU, with the GPU's bf16 capability mocked;
-- the fp16 loss scaler: unscaled before clipping (the step equals the fp32 one bit for bit), an overflowing step
-  skipped and counted, its state in the checkpoint, and a whole fp16 run (CPU fp16 autocast) stopped and resumed
+- the fp16 loss scaler: unscaled before clipping (the step equals the fp32 one bit for bit), an
+overflowing step
+  skipped and counted, its state in the checkpoint, and a whole fp16 run (CPU fp16 autocast) stopped
+  and resumed
   bit-identically;
-- a checkpoint written with CUDA (two GPU generator states, a DiffCSE masking generator of CUDA size) resumed on the
+- a checkpoint written with CUDA (two GPU generator states, a DiffCSE masking generator of CUDA
+size) resumed on the
   CPU, with a note and a deterministic reseed; a run saved in one precision continued in another."""
 import importlib
 import json
@@ -24,7 +27,8 @@ def gpu(monkeypatch):
     """A mocked GPU: its name and whether it computes bf16 natively (set gpu['native'])."""
     state = {"native": True, "name": "Tesla T4"}
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: state["name"])
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: state["native"])
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                        lambda including_emulation=True: state["native"])
     return state
 
 
@@ -41,7 +45,8 @@ def test_precision_per_gpu(gpu, native, asked, chosen):
 
 def test_bf16_asked_for_on_a_gpu_without_it_is_one_line(gpu):
     gpu["native"] = False
-    with pytest.raises(common.UserError, match="--precision bf16: the Tesla T4 has no native bf16.*fp16 or auto"):
+    with pytest.raises(common.UserError, match="--precision bf16: the Tesla T4 has no native "
+                                               "bf16.*fp16 or auto"):
         common.choose_precision("bf16", CUDA)
 
 
@@ -51,7 +56,8 @@ def test_the_cpu_runs_fp32_unless_asked():
 
 
 def tiny_step(precision, scale_loss=1.0):
-    """One optimizer_step of a small linear model whose gradient norm (about 62) is clipped -> (weights, amp, lr)."""
+    """One optimizer_step of a small linear model whose gradient norm (about 62) is clipped ->
+    (weights, amp, lr)."""
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 8)
     opt, sched = common.make_optimizer(model.parameters(), 1e-3, 10, torch.device("cpu"))
@@ -62,7 +68,8 @@ def tiny_step(precision, scale_loss=1.0):
 
 
 def test_fp16_scaler_unscales_before_clipping():
-    """The scale is a power of two, so unscaled gradients are the fp32 ones exactly: the same clipped step. Clipping
+    """The scale is a power of two, so unscaled gradients are the fp32 ones exactly: the same
+    clipped step. Clipping
     the scaled gradients (norm ~62 x 65536) before unscaling would shrink the step 65536-fold."""
     fp32, _, _ = tiny_step("fp32")
     fp16, amp, _ = tiny_step("fp16")
@@ -81,7 +88,8 @@ def test_an_overflowing_fp16_step_is_skipped_and_counted():
     again.load_state_dict(state)
     assert again.skipped == 1 and again.scaler.get_scale() == 32768.0
     fresh = common.MixedPrecision("fp16", torch.device("cpu"))
-    fresh.load_state_dict(common.MixedPrecision("bf16", torch.device("cpu")).state_dict())  # saved without a scaler
+    # saved without a scaler
+    fresh.load_state_dict(common.MixedPrecision("bf16", torch.device("cpu")).state_dict())
     assert fresh.scaler.get_scale() == 65536.0
 
 
@@ -92,7 +100,8 @@ def world(tmp_path_factory):
 
 def flags(world, out, method="simcse", **kw):
     keep = ("model", "data", "senteval") + (("generator",) if method == "diffcse" else ())
-    values = dict(device="cpu", batch_size=8, epochs=2, eval_every=4, save_every=3, out_dir=str(out),
+    values = dict(device="cpu", batch_size=8, epochs=2, eval_every=4, save_every=3,
+                  out_dir=str(out),
                   **{k: world[k] for k in keep}, **kw)
     return importlib.import_module(f"{method}_min").Config(**values)
 
@@ -127,14 +136,18 @@ def edit_checkpoint(out, edit):
     torch.save(ckpt, out / "checkpoint.pt")
 
 
-def test_a_cuda_checkpoint_resumes_on_the_cpu_with_notes_and_a_deterministic_reseed(world, tmp_path, monkeypatch):
-    """What a DiffCSE run on two visible GPUs saves: two CUDA generator states and a 16-byte CUDA masking-generator
-    state (a CPU generator's is 5,056 bytes; set_state refused it). On the CPU: notes, and the same result twice."""
+def test_a_cuda_checkpoint_resumes_on_the_cpu_with_notes_and_a_deterministic_reseed(world, tmp_path,
+                                                                                    monkeypatch):
+    """What a DiffCSE run on two visible GPUs saves: two CUDA generator states and a 16-byte CUDA
+    masking-generator
+    state (a CPU generator's is 5,056 bytes; set_state refused it). On the CPU: notes, and the same
+    result twice."""
     module = importlib.import_module("diffcse_min")
     stop_after(monkeypatch, module, flags(world, tmp_path / "a", "diffcse"), 4)
 
     def as_if_cuda(ckpt):
-        cuda_state = torch.tensor([42, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0], dtype=torch.uint8)
+        cuda_state = torch.tensor([42, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0],
+                                  dtype=torch.uint8)
         ckpt["device"], ckpt["rng"]["cuda"] = "cuda", [cuda_state, cuda_state.clone()]
         ckpt["objects"]["gen"] = cuda_state.clone()
         ckpt["objects"]["amp"]["name"] = "bf16"
@@ -145,8 +158,10 @@ def test_a_cuda_checkpoint_resumes_on_the_cpu_with_notes_and_a_deterministic_res
     for out in ("a", "b"):
         module.train(module.Config(resume=str(tmp_path / out)))
     log = (tmp_path / "a" / "log.txt").read_text()
-    assert "note: saved on cuda, continued on cpu" in log and "note: saved in bf16, continued in fp32" in log
-    assert "note: the generator state saved is not a cpu one: seeded from 4042" in log  # seed 42 + 1000 x step 4
+    assert "note: saved on cuda, continued on cpu" in log
+    assert "note: saved in bf16, continued in fp32" in log
+    # seed 42 + 1000 x step 4
+    assert "note: the generator state saved is not a cpu one: seeded from 4042" in log
     assert_same_run(tmp_path / "a", tmp_path / "b")
 
 
@@ -154,7 +169,8 @@ def test_a_cuda_checkpoint_resumes_on_the_cpu_with_notes_and_a_deterministic_res
     (2, 1, 0, [0], False),   # saved with two GPUs visible, resumed with one: its own state restored
     (1, 2, 1, [0], True),    # torchrun's rank on cuda:1 of a run saved with one GPU: seeded
     (0, 1, 0, [], True)])    # saved on the CPU, resumed on a GPU: seeded
-def test_gpu_generator_states_restore_what_fits_and_seed_the_rest(monkeypatch, saved, visible, index, restored,
+def test_gpu_generator_states_restore_what_fits_and_seed_the_rest(monkeypatch, saved, visible,
+                                                                  index, restored,
                                                                    reseeded):
     calls = {"set": [], "seed": []}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -174,6 +190,8 @@ def test_the_precision_may_change_on_resume_and_a_bad_one_is_refused(world, tmp_
     module.train(module.Config(resume=str(tmp_path / "out"), precision="fp16"))
     log = (tmp_path / "out" / "log.txt").read_text()
     assert "note: saved in fp32, continued in fp16" in log
-    assert json.loads((tmp_path / "out" / "results.json").read_text())["config"]["precision"] == "fp16"
+    assert (
+        json.loads((tmp_path / "out" / "results.json").read_text())["config"]["precision"] == "fp16"
+    )
     with pytest.raises(common.UserError, match="--precision fp8: choose auto, bf16, fp16, fp32"):
         module.train(flags(world, tmp_path / "bad", precision="fp8"))

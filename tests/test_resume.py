@@ -1,6 +1,9 @@
-"""Resumable training: a run killed at a random step (SIGKILL: nothing saved at the moment of death) or stopped by
-SIGTERM, then resumed with --resume, ends with exactly the weights and results.json of the same run uninterrupted
-(seeded, deterministic CPU). The oracle is that uninterrupted run; tiny BERT, 2 x 8 steps, checkpoints every 3 steps."""
+"""Resumable training: a run killed at a random step (SIGKILL: nothing saved at the moment of death)
+or stopped by
+SIGTERM, then resumed with --resume, ends with exactly the weights and results.json of the same run
+uninterrupted
+(seeded, deterministic CPU). The oracle is that uninterrupted run; tiny BERT, 2 x 8 steps,
+checkpoints every 3 steps."""
 import importlib
 import json
 import os
@@ -23,15 +26,18 @@ TIMING = {"train_seconds"}  # differ between any two runs
 def world(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("resume-world")
     rng = random.Random(3)
-    (tmp / "train.txt").write_text("".join(sentence(rng) + "\n" for _ in range(64)))  # 8 steps per epoch
+    # 8 steps per epoch
+    (tmp / "train.txt").write_text("".join(sentence(rng) + "\n" for _ in range(64)))
     return dict(model=str(make_model(tmp / "model")), data=str(tmp / "train.txt"),
                 senteval=str(make_senteval(tmp / "senteval")))
 
 
 def flags(method, world, out, **kw):
-    values = dict(device="cpu", batch_size=8, epochs=2, eval_every=4, save_every=3, out_dir=str(out), **world, **kw)
+    values = dict(device="cpu", batch_size=8, epochs=2, eval_every=4, save_every=3,
+                  out_dir=str(out), **world, **kw)
     if method == "esimcse":
-        values["queue_size"] = 12  # 1.5 batches: the queue is full, wraps, and is cleared at the epoch start
+        # 1.5 batches: the queue is full, wraps, and is cleared at the epoch start
+        values["queue_size"] = 12
     return values
 
 
@@ -73,12 +79,14 @@ def checkpoint_step(out):
 
 
 @pytest.mark.parametrize("method", ["simcse", "esimcse"])
-def test_sigkill_at_a_random_step_then_resume_is_bit_identical(method, world, tmp_path, uninterrupted):
+def test_sigkill_at_a_random_step_then_resume_is_bit_identical(method, world, tmp_path,
+                                                               uninterrupted):
     seed = random.randrange(10**6)
     rng = random.Random(seed)
     out = tmp_path / "out"
     args = [f"--{k}={v}" for k, v in flags(method, world, out).items()]
-    proc = subprocess.Popen([sys.executable, f"{method}_min.py", *args], cwd=common.Path(common.__file__).parent,
+    proc = subprocess.Popen([sys.executable, f"{method}_min.py", *args],
+                            cwd=common.Path(common.__file__).parent,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     wait_for = rng.choice([3, 6])  # a checkpoint exists, then death at a random moment after it
     deadline = time.time() + 60
@@ -86,16 +94,24 @@ def test_sigkill_at_a_random_step_then_resume_is_bit_identical(method, world, tm
         time.sleep(0.002)
     time.sleep(rng.uniform(0, 0.05))
     os.kill(proc.pid, signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL, f"seed {seed}: the run ended before the kill: {proc.stderr.read()}"
+    assert (
+        proc.wait() == -signal.SIGKILL
+    ), f"seed {seed}: the run ended before the kill: {proc.stderr.read()}"
     killed_at = checkpoint_step(out)
     assert 3 <= killed_at < 16 and not (out / "results.json").exists(), f"seed {seed}"
     module = importlib.import_module(f"{method}_min")
-    module.train(module.Config(resume=str(out)))  # `--resume DIR` alone: the rest comes from the checkpoint
+    # `--resume DIR` alone: the rest comes from the checkpoint
+    module.train(module.Config(resume=str(out)))
     assert_same_run(uninterrupted(method), out)
-    assert f"resumed from {out / 'checkpoint.pt'} at step {killed_at}/16" in (out / "log.txt").read_text()
+    assert (
+        f"resumed from {out / 'checkpoint.pt'} at step {killed_at}/16" in (
+            out / "log.txt"
+        ).read_text()
+    )
 
 
-def test_sigterm_checkpoints_at_the_step_end_and_resume_survives_a_torn_write(world, tmp_path, uninterrupted,
+def test_sigterm_checkpoints_at_the_step_end_and_resume_survives_a_torn_write(world, tmp_path,
+                                                                              uninterrupted,
                                                                             monkeypatch):
     module, out, calls = importlib.import_module("simcse_min"), tmp_path / "out", []
     real_step = module.optimizer_step
@@ -126,7 +142,8 @@ def test_resuming_a_finished_run_does_nothing(world, uninterrupted):
     assert (out / "results.json").read_bytes() == before
 
 
-def test_non_finite_loss_stops_naming_the_step_and_keeps_the_best_model(world, tmp_path, monkeypatch):
+def test_non_finite_loss_stops_naming_the_step_and_keeps_the_best_model(world, tmp_path,
+                                                                        monkeypatch):
     module, out = importlib.import_module("simcse_min"), tmp_path / "out"
     real_loss, calls = module.loss_fn, []
 
@@ -140,13 +157,15 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_the_best_model(world, t
         module.train(config("simcse", world, out))
     assert stop.value.exit_code == 3
     results = json.loads((out / "results.json").read_text())
-    assert results["stopped"].startswith("the loss became nan at step 6") and results["best_step"] in (0, 5)
+    assert results["stopped"].startswith("the loss became nan at step 6")
+    assert results["best_step"] in (0, 5)
     assert common.Bert.from_pretrained(out) is not None
 
 
 @pytest.fixture
 def own_handlers():
-    """The test process's signal handlers back as they were (a run stopped by an exception keeps its own)."""
+    """The test process's signal handlers back as they were (a run stopped by an exception keeps its
+    own)."""
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     yield
     for s, h in before.items():
@@ -154,7 +173,8 @@ def own_handlers():
 
 
 def finish_or_resume(out, world):
-    """A finished run as it is; a checkpoint resumed to the end; a run stopped before any step started afresh."""
+    """A finished run as it is; a checkpoint resumed to the end; a run stopped before any step
+    started afresh."""
     module = importlib.import_module("simcse_min")
     if (out / "results.json").exists():
         return "finished"
@@ -168,31 +188,37 @@ def finish_or_resume(out, world):
 
 
 def test_sigterm_at_random_moments_finishes_or_resumes_identically(world, tmp_path, uninterrupted):
-    """SIGTERM at random moments of whole runs through the command line (start-up, steps, evaluations, checkpoints,
-    the final evaluation and save): every outcome is a finished run or one that --resume finishes identically."""
+    """SIGTERM at random moments of whole runs through the command line (start-up, steps,
+    evaluations, checkpoints,
+    the final evaluation and save): every outcome is a finished run or one that --resume finishes
+    identically."""
     seed = random.randrange(10**6)
     rng, outcomes = random.Random(seed), []
     args = [f"--{k}={v}" for k, v in flags("simcse", world, tmp_path / "timed").items()]
     start = time.time()
-    subprocess.run([sys.executable, "simcse_min.py", *args], cwd=common.Path(common.__file__).parent, check=True,
+    subprocess.run([sys.executable, "simcse_min.py", *args],
+                   cwd=common.Path(common.__file__).parent, check=True,
                    capture_output=True)
     seconds = time.time() - start
     for trial in range(6):
         out = tmp_path / f"out{trial}"
         args = [f"--{k}={v}" for k, v in flags("simcse", world, out).items()]
-        proc = subprocess.Popen([sys.executable, "simcse_min.py", *args], cwd=common.Path(common.__file__).parent,
+        proc = subprocess.Popen([sys.executable, "simcse_min.py", *args],
+                                cwd=common.Path(common.__file__).parent,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(seconds * (trial + rng.random()) / 6)  # one moment in each sixth of a run
         proc.send_signal(signal.SIGTERM)
         code, err = proc.wait(), proc.stderr.read().decode()
-        assert code in (0, 128 + signal.SIGTERM, -signal.SIGTERM) and "Traceback" not in err, f"seed {seed}: {err}"
+        assert code in (0, 128 + signal.SIGTERM,
+                        -signal.SIGTERM) and "Traceback" not in err, f"seed {seed}: {err}"
         outcomes.append(finish_or_resume(out, world))
         assert_same_run(uninterrupted("simcse"), out)
     print(f"seed {seed}: {outcomes}")
 
 
 def signals_after_step(monkeypatch, module, n, *signals):
-    """module.optimizer_step raises `signals` after the n-th step -> the list of steps taken (one item each)."""
+    """module.optimizer_step raises `signals` after the n-th step -> the list of steps taken (one
+    item each)."""
     real_step, calls = module.optimizer_step, []
 
     def step_then_signals(*args):
@@ -216,11 +242,15 @@ def signals_inside(monkeypatch, name, count, when=lambda: True):
     monkeypatch.setattr(common, name, wrapper)
 
 
-@pytest.mark.parametrize("name, count", [("evaluate_sts", 1), ("evaluate_sts", 2), ("write_safetensors", 2)])
-def test_signals_in_the_final_evaluation_and_save_lose_nothing(name, count, world, tmp_path, uninterrupted,
+@pytest.mark.parametrize("name, count", [("evaluate_sts", 1), ("evaluate_sts", 2),
+                                         ("write_safetensors", 2)])
+def test_signals_in_the_final_evaluation_and_save_lose_nothing(name, count, world, tmp_path,
+                                                               uninterrupted,
                                                                  monkeypatch, own_handlers, capsys):
-    """One signal during the final test evaluation: the run finishes. A second one stops it at once (there, or
-    while the model is written), saying how to go on: the checkpoint of the last step is there, and --resume
+    """One signal during the final test evaluation: the run finishes. A second one stops it at once
+    (there, or
+    while the model is written), saying how to go on: the checkpoint of the last step is there, and
+    --resume
     finishes identically."""
     out, module = tmp_path / "out", importlib.import_module("simcse_min")
     signals_inside(monkeypatch, name, count)
@@ -229,8 +259,11 @@ def test_signals_in_the_final_evaluation_and_save_lose_nothing(name, count, worl
         assert count == 1
     except KeyboardInterrupt:
         assert count == 2 and checkpoint_step(out) == 16 and not (out / "results.json").exists()
-        assert f"SIGTERM again: stopping now; the last checkpoint is kept: continue with --resume {out}" in \
-            capsys.readouterr().err
+        assert (
+            "SIGTERM again: stopping now; the last checkpoint is kept: continue with --resume"
+            f" {out}"
+            in capsys.readouterr().err
+        )
     monkeypatch.undo()
     import gc
     gc.collect()  # the stopped run's frames (and its out_dir lock) go
@@ -238,32 +271,41 @@ def test_signals_in_the_final_evaluation_and_save_lose_nothing(name, count, worl
     assert_same_run(uninterrupted("simcse"), out)
 
 
-def test_a_second_signal_waits_for_the_checkpoint_being_written(world, tmp_path, uninterrupted, monkeypatch,
+def test_a_second_signal_waits_for_the_checkpoint_being_written(world, tmp_path, uninterrupted,
+                                                                monkeypatch,
                                                                  own_handlers):
     out, module = tmp_path / "out", importlib.import_module("simcse_min")
-    calls = signals_after_step(monkeypatch, module, 5, signal.SIGTERM)  # the first: a checkpoint after step 5
-    signals_inside(monkeypatch, "rng_states", 1, when=lambda: len(calls) == 5)  # the second, while it is saved
+    # the first: a checkpoint after step 5
+    calls = signals_after_step(monkeypatch, module, 5, signal.SIGTERM)
+    # the second, while it is saved
+    signals_inside(monkeypatch, "rng_states", 1, when=lambda: len(calls) == 5)
     stops_at_then_resumes_identically(5, module, world, out, monkeypatch, uninterrupted)
 
 
 def test_a_second_run_on_a_live_out_dir_is_refused(world, tmp_path):
-    """The first run holds out_dir (a lock on its log.txt that dies with its process): the second is refused."""
+    """The first run holds out_dir (a lock on its log.txt that dies with its process): the second is
+    refused."""
     import fcntl
     out = tmp_path / "out"
     out.mkdir()
     with open(out / "log.txt", "a") as held:  # what a live run holds
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         args = [f"--{k}={v}" for k, v in flags("simcse", world, out).items()]
-        proc = subprocess.run([sys.executable, "simcse_min.py", *args], cwd=common.Path(common.__file__).parent,
+        proc = subprocess.run([sys.executable, "simcse_min.py", *args],
+                              cwd=common.Path(common.__file__).parent,
                               capture_output=True, text=True)
-        assert proc.returncode == 2 and proc.stderr.strip().endswith("pick another --out_dir"), proc.stderr
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip().endswith("pick another --out_dir"), proc.stderr
     assert not (out / "checkpoint.pt").exists() and not (out / "results.json").exists()
-    importlib.import_module("simcse_min").train(config("simcse", world, out, max_steps=2))  # released: it runs
+    # released: it runs
+    importlib.import_module("simcse_min").train(config("simcse", world, out, max_steps=2))
 
 
-def test_a_second_signal_before_any_checkpoint_waits_for_one(world, tmp_path, uninterrupted, monkeypatch,
+def test_a_second_signal_before_any_checkpoint_waits_for_one(world, tmp_path, uninterrupted,
+                                                             monkeypatch,
                                                              own_handlers):
-    """Two quick signals in step 2, nothing saved yet (the first checkpoint would come at step 3): the run still
+    """Two quick signals in step 2, nothing saved yet (the first checkpoint would come at step 3):
+    the run still
     stops at the end of the step with a checkpoint, so nothing it did is lost."""
     out, module = tmp_path / "out", importlib.import_module("simcse_min")
     signals_after_step(monkeypatch, module, 2, signal.SIGTERM, signal.SIGINT)
@@ -271,7 +313,8 @@ def test_a_second_signal_before_any_checkpoint_waits_for_one(world, tmp_path, un
 
 
 def stops_at_then_resumes_identically(step, module, world, out, monkeypatch, uninterrupted):
-    """The run (signals already planted) exits 128 + SIGTERM with a checkpoint at `step`; resumed without them, it
+    """The run (signals already planted) exits 128 + SIGTERM with a checkpoint at `step`; resumed
+    without them, it
     ends as the uninterrupted run did."""
     with pytest.raises(SystemExit) as stop:
         module.train(config("simcse", world, out))

@@ -1,10 +1,14 @@
 """RoBERTa (issue 18): byte-level BPE with the ids of Hugging Face's RobertaTokenizer, RoBERTa and a
-DistilRoBERTa-shaped masked LM in our Bert with the outputs of RobertaModel / RobertaForMaskedLM, saved folders in
+DistilRoBERTa-shaped masked LM in our Bert with the outputs of RobertaModel / RobertaForMaskedLM,
+saved folders in
 Hugging Face's layout, and every method training on a tiny RoBERTa.
 
-The references are in tests/fixtures (made by tests/fixtures/make_roberta_fixtures.py, the only place transformers
-is imported): GPT-2's real 50,000 merges (= roberta-base's merges.txt), the slow RobertaTokenizer's ids on hard
-strings and on every STS, SICK and wiki sentence (digests), and two tiny models' outputs, whose weights both sides
+The references are in tests/fixtures (made by tests/fixtures/make_roberta_fixtures.py, the only
+place transformers
+is imported): GPT-2's real 50,000 merges (= roberta-base's merges.txt), the slow RobertaTokenizer's
+ids on hard
+strings and on every STS, SICK and wiki sentence (digests), and two tiny models' outputs, whose
+weights both sides
 draw from numpy's RandomState."""
 import dataclasses
 import importlib
@@ -18,7 +22,8 @@ import torch
 
 import common
 from conftest import FIXTURES
-from fixtures.make_roberta_fixtures import (CONFIG_BASE, CONFIG_MLM, bpe_folder, bpe_vocab, read_merges,
+from fixtures.make_roberta_fixtures import (CONFIG_BASE, CONFIG_MLM, bpe_folder, bpe_vocab,
+                                            read_merges,
                                             reference_weights)
 from test_tokenizer import corpus_sentences, digest
 from tiny_world import make_senteval, sentence
@@ -43,7 +48,8 @@ def test_hard_strings_match_hugging_face(gpt2, case):
     assert gpt2.encode(case["text"]) == case["ids"]
 
 
-@pytest.mark.parametrize("case", REF["truncation"], ids=lambda c: f"{c['max_len']}:{c['text'][:20]}")
+@pytest.mark.parametrize("case", REF["truncation"],
+                         ids=lambda c: f"{c['max_len']}:{c['text'][:20]}")
 def test_truncation_matches_hugging_face(gpt2, case):
     assert gpt2.encode(case["text"], case["max_len"]) == case["ids"]
 
@@ -56,12 +62,14 @@ def test_every_corpus_sentence_matches_hugging_face(gpt2, senteval_dir, wiki_pat
         assert len(sents) == ref["n"], name
         ids = [gpt2.encode(s) for s in sents]
         got = [digest(ids[i:i + ref["chunk"]]) for i in range(0, len(ids), ref["chunk"])]
-        wrong += [f"{name} chunk {i}" for i, (a, b) in enumerate(zip(got, ref["digests"])) if a != b]
+        wrong += [f"{name} chunk {i}" for i, (a, b) in enumerate(zip(got, ref["digests"]))
+                  if a != b]
     assert not wrong, wrong[:10]
 
 
 def test_letter_and_number_classes_are_the_unicode_categories():
-    """\\p{L} and \\p{N} rebuilt from unicodedata: a letter (number) joins the run before it, nothing else does, for
+    """\\p{L} and \\p{N} rebuilt from unicodedata: a letter (number) joins the run before it,
+    nothing else does, for
     every code point; \\s is White_Space (\\x1c-\\x1f are not spaces, unlike re's \\s)."""
     pattern = common.gpt2_pattern()
     for cp in range(0x110000):
@@ -75,13 +83,16 @@ def test_letter_and_number_classes_are_the_unicode_categories():
 
 
 def test_bpe_merges_every_occurrence_by_rank():
-    """GPT-2 joins every occurrence of the best pair in one pass: 'abab' -> ab ab, though (ab a) ranks first
+    """GPT-2 joins every occurrence of the best pair in one pass: 'abab' -> ab ab, though (ab a)
+    ranks first
     (merging one occurrence at a time would give aba b); and (a b) before (b c), by rank."""
     merges = [("ab", "a"), ("a", "b"), ("b", "c")]
     tok = common.BPETokenizer(bpe_vocab(merges), merges)
     v = tok.vocab
-    assert tok.encode("abab") == [0, v["ab"], v["ab"], 2] and tok.encode("abc") == [0, v["ab"], v["c"], 2]
-    assert tok.encode("ab", max_len=2) == [0, 2] and tok.encode("x <mask>") == [0, v["x"], v["<mask>"], 2]
+    assert tok.encode("abab") == [0, v["ab"], v["ab"], 2] and tok.encode("abc") == [0, v["ab"],
+                                                                                    v["c"], 2]
+    assert tok.encode("ab", max_len=2) == [0, 2] and tok.encode("x <mask>") == [0, v["x"],
+                                                                                v["<mask>"], 2]
 
 
 def hf_folder(folder, config, shapes, seed, architecture):
@@ -90,22 +101,26 @@ def hf_folder(folder, config, shapes, seed, architecture):
                                  if not k.endswith(("position_ids", "token_type_ids"))}, seed)
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({**config, "architectures": [architecture]}))
-    common.write_safetensors(folder / "model.safetensors", {k: torch.from_numpy(v) for k, v in weights.items()})
+    common.write_safetensors(folder / "model.safetensors", {k: torch.from_numpy(v) for k, v
+                                                            in weights.items()})
     return folder
 
 
 @pytest.fixture(scope="module")
 def roberta_folders(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("roberta-models")
-    return (hf_folder(tmp / "base", CONFIG_BASE, json.loads(str(MODEL_REF["keys_base"])), 1, "RobertaModel"),
-            hf_folder(tmp / "mlm", CONFIG_MLM, json.loads(str(MODEL_REF["keys_mlm"])), 2, "RobertaForMaskedLM"))
+    return (hf_folder(tmp / "base", CONFIG_BASE, json.loads(str(MODEL_REF["keys_base"])), 1,
+                      "RobertaModel"),
+            hf_folder(tmp / "mlm", CONFIG_MLM, json.loads(str(MODEL_REF["keys_mlm"])), 2,
+                      "RobertaForMaskedLM"))
 
 
 @torch.no_grad()
 def test_roberta_matches_hugging_face_on_a_padded_batch(roberta_folders):
     model = common.Bert.from_pretrained(roberta_folders[0], quiet=True).eval()
     ids, mask = torch.from_numpy(MODEL_REF["ids"]), torch.from_numpy(MODEL_REF["mask"])
-    hidden = model(ids, mask)  # every position, padding included: positions count real tokens from pad + 1
+    # every position, padding included: positions count real tokens from pad + 1
+    hidden = model(ids, mask)
     assert (hidden - torch.from_numpy(MODEL_REF["hidden"])).abs().max() < 1e-5
 
 
@@ -119,26 +134,32 @@ def test_distilroberta_shaped_mlm_matches_hugging_face(roberta_folders):
 
 @pytest.mark.parametrize("which", [0, 1])
 def test_saved_folder_has_hugging_face_names_and_reloads(roberta_folders, which, tmp_path):
-    """Our folder holds the tensors of Hugging Face's (pooler aside), and config/tokenizer files it reads."""
+    """Our folder holds the tensors of Hugging Face's (pooler aside), and config/tokenizer files it
+    reads."""
     src = roberta_folders[which]
     merges = read_merges()[:50]
     tok = common.BPETokenizer(bpe_vocab(merges), merges)
     model = common.Bert.from_pretrained(src, mlm_head=bool(which), quiet=True).eval()
     model.save_pretrained(tmp_path / "ours", tok)
-    theirs, ours = (common.read_safetensors(f / "model.safetensors") for f in (src, tmp_path / "ours"))
+    theirs, ours = (common.read_safetensors(f / "model.safetensors") for f in (src,
+                                                                               tmp_path / "ours"))
     saved_by_hf = set(json.loads(str(MODEL_REF["saved_mlm" if which else "saved_base"])))
-    decoder_bias = {"lm_head.decoder.bias"} if which else set()  # for transformers 4.x, which ties from it
+    # for transformers 4.x, which ties from it
+    decoder_bias = {"lm_head.decoder.bias"} if which else set()
     assert set(ours) == {k for k in saved_by_hf if not k.startswith("pooler.")} | decoder_bias
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
     config = json.loads((tmp_path / "ours" / "config.json").read_text())
     assert config["model_type"] == "roberta" and config["architectures"] == [
         "RobertaForMaskedLM" if which else "RobertaModel"]
-    unwritten = ("bos_token_id", "eos_token_id")  # RobertaConfig's defaults, 0 and 2, as in the fixture
-    assert all(config[k] == v for k, v in (CONFIG_MLM if which else CONFIG_BASE).items() if k not in unwritten)
+    # RobertaConfig's defaults, 0 and 2, as in the fixture
+    unwritten = ("bos_token_id", "eos_token_id")
+    assert all(config[k] == v for k, v in (CONFIG_MLM if which else CONFIG_BASE).items() if k not
+               in unwritten)
     again = common.Tokenizer.from_pretrained(tmp_path / "ours")
     assert (again.vocab, again.merges) == (tok.vocab, tok.merges)
     tokenizer_config = json.loads((tmp_path / "ours" / "tokenizer_config.json").read_text())
-    assert tokenizer_config["tokenizer_class"] == "RobertaTokenizer" and tokenizer_config["model_max_length"] == 38
+    assert tokenizer_config["tokenizer_class"] == "RobertaTokenizer"
+    assert tokenizer_config["model_max_length"] == 38
     reloaded = common.Bert.from_pretrained(tmp_path / "ours", mlm_head=bool(which)).eval()
     ids, mask = torch.from_numpy(MODEL_REF["ids"]), torch.from_numpy(MODEL_REF["mask"])
     with torch.no_grad():
@@ -154,19 +175,24 @@ def test_max_len_counts_the_position_offset(roberta_folders):
 
 
 def roberta_world(tmp):
-    """The tiny world of tiny_world.make_world with a 2-layer RoBERTa, a BPE of GPT-2's first 300 merges and a
+    """The tiny world of tiny_world.make_world with a 2-layer RoBERTa, a BPE of GPT-2's first 300
+    merges and a
     DistilRoBERTa-shaped generator with an MLM head."""
     import random
     merges = read_merges()[:300]
     tok = common.BPETokenizer(bpe_vocab(merges), merges)
     for name, mlm_head in [("model", False), ("generator", True)]:
         torch.manual_seed(len(name))
-        cfg = common.BertConfig.tiny(vocab_size=len(tok.vocab), model_type="roberta", pad_token_id=1,
-                                     type_vocab_size=1, max_position_embeddings=66, layer_norm_eps=1e-5)
+        cfg = common.BertConfig.tiny(vocab_size=len(tok.vocab), model_type="roberta",
+                                     pad_token_id=1,
+                                     type_vocab_size=1, max_position_embeddings=66,
+                                     layer_norm_eps=1e-5)
         common.Bert(cfg, mlm_head=mlm_head).save_pretrained(tmp / name, tok)
     rng = random.Random(1)
-    (tmp / "train.txt").write_text("".join(sentence(rng).capitalize() + "\n" for _ in range(192)))  # 12 steps
-    return dict(model=str(tmp / "model"), generator=str(tmp / "generator"), data=str(tmp / "train.txt"),
+    # 12 steps
+    (tmp / "train.txt").write_text("".join(sentence(rng).capitalize() + "\n" for _ in range(192)))
+    return dict(model=str(tmp / "model"), generator=str(tmp / "generator"),
+                data=str(tmp / "train.txt"),
                 senteval=str(make_senteval(tmp / "senteval")))
 
 

@@ -1,6 +1,9 @@
-"""Mutation test of the safetensors reader: thousands of randomly corrupted headers, size fields and truncations of a
-valid file give a clean result or our CheckpointError, never another exception, never a hang, and never an
-allocation beyond the file's size (measured with tracemalloc: the reader's buffers are Python allocations)."""
+"""Mutation test of the safetensors reader: thousands of randomly corrupted headers, size fields and
+truncations of a
+valid file give a clean result or our CheckpointError, never another exception, never a hang, and
+never an
+allocation beyond the file's size (measured with tracemalloc: the reader's buffers are Python
+allocations)."""
 import json
 import random
 import time
@@ -13,8 +16,10 @@ import common
 
 
 def valid_file(path):
-    tensors = {"w": torch.randn(3, 4), "scalar": torch.tensor(2.5), "ids": torch.arange(5), "rng": torch.arange(7,
-               dtype=torch.uint8), "half": torch.randn(2, dtype=torch.bfloat16), "empty": torch.zeros(0, 3)}
+    tensors = {"w": torch.randn(3, 4), "scalar": torch.tensor(2.5), "ids": torch.arange(5),
+               "rng": torch.arange(7,
+               dtype=torch.uint8), "half": torch.randn(2, dtype=torch.bfloat16),
+               "empty": torch.zeros(0, 3)}
     common.write_safetensors(path, tensors)
     return tensors
 
@@ -27,12 +32,14 @@ def test_round_trip_with_0_dim_and_u8(tmp_path):
                for k, t in tensors.items())
 
 
-HOSTILE = [1, -1, 0, 2**40, 2**63, -2**63, 1.5, "F32", None, True, [], {}, [0], [0, 2**62], [2**62] * 64,
+HOSTILE = [1, -1, 0, 2**40, 2**63, -2**63, 1.5, "F32", None, True, [], {}, [0], [0, 2**62], [2**62]
+           * 64,
            [2**31] * 3, [-1, 4], "x" * 300, [[0]], {"dtype": "F32"}]
 
 
 def mutate_header(header, rng):
-    """One structured corruption: a field of a tensor entry (or the entry, or the metadata) replaced."""
+    """One structured corruption: a field of a tensor entry (or the entry, or the metadata)
+    replaced."""
     header = json.loads(json.dumps(header))
     name = rng.choice(list(header))
     kind = rng.random()
@@ -43,7 +50,10 @@ def mutate_header(header, rng):
             HOSTILE + ["U8", "I64", "BF16", "F64", "Q4"])
     elif kind < 0.9 and name != "__metadata__":
         offsets = header[name]["data_offsets"]
-        header[name]["data_offsets"] = [offsets[0] + rng.randint(-9, 9), offsets[1] + rng.randint(-9, 9)]
+        header[name]["data_offsets"] = [
+            offsets[0] + rng.randint(-9, 9),
+            offsets[1] + rng.randint(-9, 9),
+        ]
     else:
         header[rng.choice(["__metadata__", "extra", name])] = rng.choice(HOSTILE)
     return header
@@ -59,7 +69,12 @@ def corrupt(blob, rng):
     if kind < 0.55:
         return blob[:rng.randrange(len(blob))]  # truncated anywhere
     if kind < 0.7:
-        return rng.choice([0, 1, n - 1, n + 1, len(blob), 2**63, 2**64 - 1, 10**8]).to_bytes(8, "little") + blob[8:]
+        return (
+            rng.choice([0, 1, n - 1, n + 1, len(blob), 2**63, 2**64 - 1, 10**8]).to_bytes(
+                8, "little"
+            )
+            + blob[8:]
+        )
     raw = bytearray(blob)
     for _ in range(rng.randint(1, 4)):  # random bytes flipped, mostly in the header
         raw[rng.randrange(min(len(raw), 8 + n + 8))] = rng.randrange(256)
@@ -91,13 +106,17 @@ def test_thousands_of_corruptions_give_only_checkpoint_errors(tmp_path):
         tracemalloc.stop()
     assert outcomes["CheckpointError"] > 1500, outcomes
     assert slowest < 0.5, slowest
-    assert peak < 2**20, f"the reader allocated {peak} bytes beyond 16 x the file's size"  # JSON objects, messages
+    # JSON objects, messages
+    assert peak < 2**20, f"the reader allocated {peak} bytes beyond 16 x the file's size"
 
 
 @pytest.mark.parametrize("header", [
-    {"t": {"dtype": "F32", "shape": [2**40, 2**40], "data_offsets": [0, 16]}},  # a huge shape over a few bytes
-    {"t": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}, "u": {"dtype": "F32", "shape": [4],
-                                                                          "data_offsets": [8, 24]}},  # overlap
+    # a huge shape over a few bytes
+    {"t": {"dtype": "F32", "shape": [2**40, 2**40], "data_offsets": [0, 16]}},
+    {"t": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}, "u": {"dtype": "F32",
+                                                                         "shape": [4],
+                                                                          # overlap
+                                                                          "data_offsets": [8, 24]}},
     {"t": {"dtype": ["F32"], "shape": [4], "data_offsets": [0, 16]}},  # an unhashable dtype
     {"__metadata__": [1], "t": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}},
     [1, 2, 3],

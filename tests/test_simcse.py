@@ -15,12 +15,14 @@ def cos(a, b):
 
 
 def info_nce_loop(h1, h2, temp, h3=None, hard_weight=0.0):
-    """-1/B sum_i log( e^{cos(h1_i,h2_i)/τ} / (sum_j e^{cos(h1_i,h2_j)/τ} + sum_j e^{cos(h1_i,h3_j)/τ + w[i=j]}) )."""
+    """-1/B sum_i log( e^{cos(h1_i,h2_i)/τ} / (sum_j e^{cos(h1_i,h2_j)/τ} + sum_j
+    e^{cos(h1_i,h3_j)/τ + w[i=j]}) )."""
     B, total = len(h1), 0.0
     for i in range(B):
         denom = sum(torch.exp(cos(h1[i], h2[j]) / temp) for j in range(B))
         if h3 is not None:
-            denom = denom + sum(torch.exp(cos(h1[i], h3[j]) / temp + hard_weight * (i == j)) for j in range(B))
+            denom = denom + sum(torch.exp(cos(h1[i], h3[j]) / temp + hard_weight * (i == j)) for j
+                                in range(B))
         total = total - torch.log(torch.exp(cos(h1[i], h2[i]) / temp) / denom)
     return total / B
 
@@ -42,9 +44,11 @@ def test_info_nce_matches_loop_values_and_gradients(hard):
 def test_info_nce_gradcheck():
     torch.manual_seed(0)
     h1, h2, h3 = (torch.randn(3, 5, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    f64 = lambda a, b, c: info_nce_loop(a, b, 0.5, c, 0.3)  # noqa: E731  the oracle is differentiable ...
+    # noqa: E731  the oracle is differentiable ...
+    f64 = lambda a, b, c: info_nce_loop(a, b, 0.5, c, 0.3)
     assert torch.autograd.gradcheck(f64, (h1, h2, h3))
-    assert torch.autograd.gradcheck(lambda a, b, c: info_nce(a, b, 0.5, c, 0.3), (h1, h2, h3))  # ... and ours
+    # ... and ours
+    assert torch.autograd.gradcheck(lambda a, b, c: info_nce(a, b, 0.5, c, 0.3), (h1, h2, h3))
     assert torch.autograd.gradcheck(lambda a, b: info_nce(a, b, 0.5), (h1, h2))
 
 
@@ -58,7 +62,8 @@ def test_loss_fn_uses_third_view_as_hard_negatives():
     torch.manual_seed(0)
     h = torch.randn(3, 4, 8)
     loss, stats = loss_fn(h, 0.05, 0.2)
-    assert torch.equal(loss, info_nce(h[0], h[1], 0.05, h[2], 0.2)) and stats["loss"] == loss.detach()
+    assert torch.equal(loss, info_nce(h[0], h[1], 0.05, h[2],
+                                      0.2)) and stats["loss"] == loss.detach()
     assert torch.equal(loss_fn(h[:2], 0.05)[0], info_nce(h[0], h[1], 0.05))
 
 
@@ -92,10 +97,12 @@ def test_loss_falls_on_a_repeated_batch():
     head = MLPHead(64)
     ids, mask = tok([sentence(rng) for _ in range(16)], max_len=32)
     ids, mask = ids[:, None], mask[:, None]
-    opt, sched = common.make_optimizer([*model.parameters(), *head.parameters()], 1e-3, 1000, torch.device("cpu"))
+    opt, sched = common.make_optimizer([*model.parameters(), *head.parameters()], 1e-3, 1000,
+                                       torch.device("cpu"))
     cfg, losses = Config(), []
     model.train()
-    for _ in range(100):  # a tiny random BERT sits at log B (chance) for a while before it separates sentences
+    # a tiny random BERT sits at log B (chance) for a while before it separates sentences
+    for _ in range(100):
         loss, _ = train_step(model, head, ids, mask, cfg)
         assert torch.isfinite(loss)
         losses.append(loss.item())
@@ -104,8 +111,10 @@ def test_loss_falls_on_a_repeated_batch():
 
 
 def test_loss_math_runs_in_fp32_under_bf16_autocast(monkeypatch):
-    # DESIGN: bf16 autocast for the encoder, the similarity/softmax math in fp32. Under autocast a matmul of fp32
-    # tensors still runs in bf16, so train_step must switch autocast off around loss_fn, not only upcast.
+    # DESIGN: bf16 autocast for the encoder, the similarity/softmax math in fp32. Under autocast a
+    # matmul of fp32
+    # tensors still runs in bf16, so train_step must switch autocast off around loss_fn, not only
+    # upcast.
     import simcse_min
     tok, seen = tokenizer(), {}
     model, head = common.Bert(common.BertConfig.tiny(vocab_size=len(tok.vocab))), MLPHead(32)

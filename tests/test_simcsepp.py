@@ -1,4 +1,5 @@
-"""SimCSE++: the two sub-losses against float64 loop oracles of their formulas, gradcheck, the identities that tie
+"""SimCSE++: the two sub-losses against float64 loop oracles of their formulas, gradcheck, the
+identities that tie
 them to SimCSE, and the dropout-off pass (really no dropout, with gradient, modes restored)."""
 import pytest
 import torch
@@ -6,15 +7,24 @@ import torch.nn as nn
 
 import common
 import simcse_min
-from simcsepp_min import Config, MLPHead, dcl_loss, dropout_off, loss_fn, off_dropout_nce, train, train_step
-
+from simcsepp_min import (
+    Config,
+    MLPHead,
+    dcl_loss,
+    dropout_off,
+    loss_fn,
+    off_dropout_nce,
+    train,
+    train_step,
+)
 
 def cos(a, b):
     return (a * b).sum() / (a.norm() * b.norm())
 
 
 def off_dropout_oracle(h1, h2, h0, temp, m):
-    """-1/B sum_i log(e^{m s(h1_i, h2_i)} / (e^{m s(h1_i, h2_i)} + sum_{j≠i} e^{s(h0_i, h0_j)})), s = cos/τ."""
+    """-1/B sum_i log(e^{m s(h1_i, h2_i)} / (e^{m s(h1_i, h2_i)} + sum_{j≠i} e^{s(h0_i, h0_j)})),
+    s = cos/τ."""
     B, total = len(h1), 0.0
     for i in range(B):
         pos = torch.exp(m * cos(h1[i], h2[i]) / temp)
@@ -24,7 +34,8 @@ def off_dropout_oracle(h1, h2, h0, temp, m):
 
 
 def dcl_oracle(h1, h2, temp_dcl):
-    """Per-dimension standardisation (biased variance, eps 1e-5), s_cd = sum_i z1_ic z2_id / B / τ_DCL,
+    """Per-dimension standardisation (biased variance, eps 1e-5), s_cd = sum_i z1_ic z2_id / B /
+    τ_DCL,
     -1/H sum_c log(e^{s_cc} / sum_d e^{s_cd})."""
     B, H = h1.shape
 
@@ -44,7 +55,8 @@ def dcl_oracle(h1, h2, temp_dcl):
 
 
 def rand(*shape, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).requires_grad_()
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed),
+                       dtype=torch.float64).requires_grad_()
 
 
 @pytest.mark.parametrize("temp, m", [(0.05, 0.9), (0.1, 1.0), (0.05, 1.2)])
@@ -82,7 +94,8 @@ def test_dcl_rewards_correlated_dimensions():
     h = torch.randn(64, 16, generator=torch.Generator().manual_seed(0))
     shuffled = h[torch.randperm(64, generator=torch.Generator().manual_seed(1))]
     assert dcl_loss(h, h, 5.0) < dcl_loss(h, shuffled, 5.0) - 0.05
-    torch.testing.assert_close(dcl_loss(3 * h + 1, h, 5.0), dcl_loss(h, h, 5.0))  # standardised per dimension
+    # standardised per dimension
+    torch.testing.assert_close(dcl_loss(3 * h + 1, h, 5.0), dcl_loss(h, h, 5.0))
 
 
 def test_loss_fn_combines_both_parts():
@@ -102,7 +115,8 @@ def tiny(hidden=0.5, attn=0.5):
     return common.Bert(cfg).train(), MLPHead(cfg.hidden_size)
 
 
-@pytest.mark.parametrize("hidden, attn", [(0.5, 0.5), (0.5, 0.0), (0.0, 0.5)])  # each kind of dropout on its own
+# each kind of dropout on its own
+@pytest.mark.parametrize("hidden, attn", [(0.5, 0.5), (0.5, 0.0), (0.0, 0.5)])
 def test_dropout_off_pass_has_no_dropout(hidden, attn):
     model, head = tiny(hidden, attn)
     ids = torch.randint(5, 128, (4, 10), generator=torch.Generator().manual_seed(0))
@@ -137,7 +151,8 @@ def test_train_step_runs_the_third_pass_in_eval_mode(off_dropout):
     calls = []
     model.register_forward_hook(lambda mod, args, out: calls.append((len(args[0]), mod.training)))
     ids = torch.randint(5, 128, (8, 1, 10), generator=torch.Generator().manual_seed(0))
-    loss, stats = train_step(model, head, ids, torch.ones_like(ids), Config(off_dropout=off_dropout))
+    loss, stats = train_step(model, head, ids, torch.ones_like(ids),
+                             Config(off_dropout=off_dropout))
     assert calls == ([(16, True), (8, False)] if off_dropout else [(16, True)])
     assert torch.isfinite(loss) and set(stats) == {"loss", "nce", "dcl"}
     loss.backward()

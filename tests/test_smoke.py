@@ -1,5 +1,7 @@
-"""Every method end to end on a tiny BERT, a 48-sentence file and a tiny SentEval folder: a few CPU steps,
-finite numbers, results.json, and a saved model that reloads and gives the vectors the evaluation used."""
+"""Every method end to end on a tiny BERT, a 48-sentence file and a tiny SentEval folder: a few CPU
+steps,
+finite numbers, results.json, and a saved model that reloads and gives the vectors the evaluation
+used."""
 import dataclasses
 import importlib
 import json
@@ -23,7 +25,8 @@ def world(tmp_path_factory):
 
 def config(module, world, out_dir, **kw):
     fields = {f.name for f in dataclasses.fields(module.Config)}
-    values = dict(device="cpu", batch_size=8, max_steps=3, eval_every=2, out_dir=str(out_dir), **world, **kw)
+    values = dict(device="cpu", batch_size=8, max_steps=3, eval_every=2, out_dir=str(out_dir),
+                  **world, **kw)
     return module.Config(**{k: v for k, v in values.items() if k in fields})
 
 
@@ -50,15 +53,18 @@ def test_train_end_to_end(method, world, tmp_path):
 @pytest.mark.parametrize("method", METHODS)
 def test_cli_errors_are_one_line(method, world, tmp_path):
     def run(*args):
-        return subprocess.run([sys.executable, f"{method}_min.py", *args], capture_output=True, text=True,
+        return subprocess.run([sys.executable, f"{method}_min.py", *args], capture_output=True,
+                              text=True,
                               cwd=common.Path(common.__file__).parent, timeout=120)
-    base = ["--model", world["model"], "--senteval", world["senteval"], "--out_dir", str(tmp_path / "o")]
+    base = ["--model", world["model"], "--senteval", world["senteval"], "--out_dir",
+            str(tmp_path / "o")]
     cases = [(["--data", str(tmp_path / "missing.txt"), "--device", "cpu"], "does not exist")]
     if not torch.cuda.is_available():
         cases.append((["--data", world["data"], "--device", "cuda"], "no CUDA device"))
     (tmp_path / "empty.txt").write_text("\n \n")
     cases.append((["--data", str(tmp_path / "empty.txt"), "--device", "cpu"], "holds no sentences"))
-    for args, message in cases if method == "simcse" else cases[:1]:  # the checks are shared: once is enough
+    # the checks are shared: once is enough
+    for args, message in cases if method == "simcse" else cases[:1]:
         r = run(*base, *args)
         assert r.returncode == 2, r.stderr
         assert "Traceback" not in r.stderr and message in r.stderr, r.stderr
@@ -79,4 +85,5 @@ def test_token_cache_round_trip(world, tmp_path, monkeypatch):
     assert (hit1, hit2) == (False, True) and len(first) == len(second) == 48
     lines = common.read_lines(world["data"])
     assert all(first[i] == second[i] == (tok.encode(lines[i], 16),) for i in range(len(lines)))
-    assert common.tokenize_file(tok, world["data"], 12)[2] is False  # another max_len is another entry
+    # another max_len is another entry
+    assert common.tokenize_file(tok, world["data"], 12)[2] is False

@@ -1,5 +1,7 @@
-"""The fast path: the [CLS]-only last layer equals the full one, numpy padding equals a loop, the early-stopping
-cached tokenizer equals tokenize-then-truncate, parallel tokenization equals serial, --compile plumbing, and the
+"""The fast path: the [CLS]-only last layer equals the full one, numpy padding equals a loop, the
+early-stopping
+cached tokenizer equals tokenize-then-truncate, parallel tokenization equals serial, --compile
+plumbing, and the
 benchmark's arithmetic (MFU, the epoch projection)."""
 import multiprocessing
 import random
@@ -56,12 +58,14 @@ def test_cls_only_gives_the_same_gradients():
 
 def test_cls_evaluation_equals_the_full_forward():
     model, tok = tiny64().float(), None
-    id_lists = [[2] + [random.Random(i).randrange(5, 128) for _ in range(i % 11)] + [3] for i in range(40)]
+    id_lists = [[2] + [random.Random(i).randrange(5, 128) for _ in range(i % 11)] + [3] for i
+                in range(40)]
     tok = type("Ids", (), {"pad": lambda self, x, width=None: common.pad_ids(x, 0, width)})()
     vectors = common.encode_sentences(model, tok, None, "cls", 8, id_lists=id_lists)  # [40, H]
     for i in (0, 7, 39):
         ids = torch.tensor([id_lists[i]])
-        torch.testing.assert_close(vectors[i], model(ids, torch.ones_like(ids))[0, 0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(vectors[i], model(ids, torch.ones_like(ids))[0, 0], atol=1e-5,
+                                   rtol=0)
 
 
 def pad_loop(id_lists, pad_id, width=None):  # the oracle: the row loop the numpy version replaced
@@ -86,17 +90,20 @@ def test_collate_pads_to_width_for_static_shapes():
     rows = [([2, 5, 3], [2, 6, 7, 3]), ([2, 3], [2, 9, 3])]  # 2 rows x 2 columns
     ids, mask = common.collate(tok, rows, torch.device("cpu"), width=8)
     assert ids.shape == mask.shape == (2, 2, 8)
-    assert ids[0, 1].tolist() == [2, 6, 7, 3, 0, 0, 0, 0] and mask[1, 0].tolist() == [1, 1, 0, 0, 0, 0, 0, 0]
+    assert ids[0, 1].tolist() == [2, 6, 7, 3, 0, 0, 0, 0] and mask[1, 0].tolist() == [1, 1, 0, 0, 0,
+                                                                                      0, 0, 0]
     assert common.collate(tok, rows, torch.device("cpu"))[0].shape == (2, 2, 4)
 
 
 @pytest.fixture(scope="module")
 def wiki_lines(wiki_path):
-    return common.read_lines(wiki_path)[:600] + ["a [MASK] b " * 20, "[CLS] x [SEP] " * 12, "", "word " * 40]
+    return common.read_lines(wiki_path)[:600] + ["a [MASK] b " * 20, "[CLS] x [SEP] " * 12, "",
+                                                 "word " * 40]
 
 
 @pytest.mark.parametrize("max_len", [2, 5, 32])
-def test_early_stopping_cached_tokenizer_equals_encode_then_truncate(model_dir, wiki_lines, max_len):
+def test_early_stopping_cached_tokenizer_equals_encode_then_truncate(model_dir, wiki_lines,
+                                                                     max_len):
     warm = common.Tokenizer.from_pretrained(model_dir)
     for text in wiki_lines:
         cold = common.Tokenizer.from_pretrained(model_dir) if text is wiki_lines[0] else None
@@ -116,13 +123,20 @@ def test_parallel_tokenization_equals_serial(model_dir, wiki_lines):
 def test_small_inputs_do_not_start_processes(model_dir, monkeypatch):
     tok = common.Tokenizer.from_pretrained(model_dir)
     monkeypatch.setattr(multiprocessing, "get_context", lambda *a: pytest.fail("started processes"))
-    assert common.tokenize_corpus(tok, ["a b", "c d"], 32, workers=2, min_parallel=3) == [tok.encode("a b", 32),
-                                                                                          tok.encode("c d", 32)]
+    assert common.tokenize_corpus(tok, ["a b", "c d"], 32, workers=2, min_parallel=3) == [
+        tok.encode("a b", 32),
+        tok.encode("c d", 32),
+    ]
 
 
 def bare_run(compile_flag):
     run = object.__new__(common.Run)  # the bookkeeping without an output folder or SentEval
-    run.cfg, run.device, run.width, run.log = simcse_min.Config(compile=compile_flag), torch.device("cpu"), None, print
+    run.cfg, run.device, run.width, run.log = (
+        simcse_min.Config(compile=compile_flag),
+        torch.device("cpu"),
+        None,
+        print,
+    )
     return run
 
 
@@ -132,12 +146,15 @@ def test_compile_flag_compiles_in_place_and_keeps_checkpoint_names(tmp_path):
     run = bare_run(False)
     assert run.compile(model) is model and model._compiled_call_impl is None and run.width is None
     run = bare_run(True)
-    assert run.compile(model) is model  # lazy: compiles on the first call, which this test does not make
+    # lazy: compiles on the first call, which this test does not make
+    assert run.compile(model) is model
     assert model._compiled_call_impl is not None and run.width == 32
-    assert list(model.state_dict()) == names  # no `_orig_mod.` prefix, so the best state and the save are unchanged
+    # no `_orig_mod.` prefix, so the best state and the save are unchanged
+    assert list(model.state_dict()) == names
     tok = common.Tokenizer({t: i for i, t in enumerate(common.SPECIAL_TOKENS)})
     model.save_pretrained(tmp_path, tok)
-    assert all("_orig_mod" not in k for k in common.read_safetensors(tmp_path / "model.safetensors"))
+    assert all("_orig_mod" not in k for k
+               in common.read_safetensors(tmp_path / "model.safetensors"))
 
 
 @pytest.mark.parametrize("module", METHOD_MODULES, ids=lambda m: m.__name__)
@@ -153,8 +170,10 @@ def test_gpu_peaks_by_name():
     assert bench.peak_tflops("NVIDIA H200") == 989
     assert bench.peak_tflops("NVIDIA A100-SXM4-80GB") == 312
     assert bench.peak_tflops("Some Future GPU") is None
-    assert bench.peak_tflops("Tesla V100-SXM2-16GB") is None  # no bf16 tensor cores: 125 is its fp16 figure
-    assert bench.peak_tflops("Tesla V100-SXM2-16GB", "fp16") == 125 and bench.peak_tflops("Tesla T4", "fp16") == 65
+    # no bf16 tensor cores: 125 is its fp16 figure
+    assert bench.peak_tflops("Tesla V100-SXM2-16GB") is None
+    assert bench.peak_tflops("Tesla V100-SXM2-16GB",
+                             "fp16") == 125 and bench.peak_tflops("Tesla T4", "fp16") == 65
     assert bench.peak_tflops("NVIDIA A100-SXM4-80GB", "fp32") is None
 
 
@@ -168,10 +187,12 @@ def test_mfu_arithmetic():
 
 
 def test_epoch_projection_counts_the_evaluations_run_makes():
-    evals = sum(1 for s in range(bench.EPOCH_STEPS + 1) if s == 0 or s % 125 == 0 or s == bench.EPOCH_STEPS)
+    evals = sum(1 for s in range(bench.EPOCH_STEPS + 1) if s == 0 or s % 125 == 0
+                or s == bench.EPOCH_STEPS)
     assert evals == 126
     assert bench.epoch_seconds(0.03, 2.0) == pytest.approx(15625 * 0.03 + 126 * 2.0)
-    assert bench.epoch_seconds(1.0, 1.0, steps=300, eval_every=125, test_s=5) == 300 + 4 + 5  # 0, 125, 250, 300
+    # 0, 125, 250, 300
+    assert bench.epoch_seconds(1.0, 1.0, steps=300, eval_every=125, test_s=5) == 300 + 4 + 5
 
 
 def test_matmul_params_leave_out_the_embedding_tables():
@@ -185,7 +206,8 @@ def test_gpu_report_prints_mfu_and_the_epoch(monkeypatch, capsys):
     model = Bert(BertConfig.tiny())
     args = type("Args", (), {"peak_tflops": 0, "batch_size": 64, "precision": "bf16"})()
     step = 6 * bench.matmul_params(model) * 2 * 64 * 32 / (0.4 * 989e12)  # the step time of 40% MFU
-    bench.report_gpu(args, model, {"ours simcse": step, "HF eager fp16 (official)": 2.5 * step}, 1.5, 30.0, model, 32)
+    bench.report_gpu(args, model, {"ours simcse": step, "HF eager fp16 (official)": 2.5 * step},
+                     1.5, 30.0, model, 32)
     out = capsys.readouterr().out
     assert "ours simcse                  MFU  40.0%" in out and "MFU  16.0%" in out
     assert f"epoch {(15625 * step + 126 * 1.5 + 30) / 60:6.1f} min" in out and "2.50x" in out

@@ -1,6 +1,8 @@
-"""STS evaluation: Spearman, the 'all' setting, SentEval file parsing, encoding order, official numbers, CLI.
+"""STS evaluation: Spearman, the 'all' setting, SentEval file parsing, encoding order, official
+numbers, CLI.
 
-Fast on purpose: the full 7-task table (~2 min on a CPU) lives in tests/bench_eval.py; here the real model is
+Fast on purpose: the full 7-task table (~2 min on a CPU) lives in tests/tools/bench_eval.py; here
+the real model is
 checked against the official numbers on the two cheapest tasks only (STS-B test and STS13).
 """
 import json
@@ -17,11 +19,12 @@ import common
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Official SimCSE evaluation.py --pooler avg --mode test on all-MiniLM-L6-v2 (../shared/data/README.md)
+# Official SimCSE evaluation.py --pooler avg --mode test on all-MiniLM-L6-v2
+# (../shared/data/README.md)
 OFFICIAL_AVG = {"STS13": 80.60, "STSBenchmark": 82.03}
 
 
-# ---- helpers -------------------------------------------------------------------------------------------------
+# ---- helpers -------------------------------------------------------------------------------------
 
 def write(path, lines):
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -29,9 +32,11 @@ def write(path, lines):
 
 
 def slice_senteval(dst, src, n, sizes=None, mode_files=None):
-    """A SentEval-layout copy of `src` with only the first n pairs of each file (SICK keeps its header)."""
+    """A SentEval-layout copy of `src` with only the first n pairs of each file (SICK keeps its
+    header)."""
     sizes = sizes or {}
-    files = mode_files if mode_files is not None else sorted(set(common.sts_files("test") + common.sts_files("dev")))
+    files = mode_files if mode_files is not None else sorted(set(common.sts_files("test")
+                                                                 + common.sts_files("dev")))
     for rel in files:
         lines = (src / rel).read_text("utf8").splitlines()
         k = sizes.get(rel, n) + (1 if rel.startswith("SICK/") else 0)
@@ -40,17 +45,20 @@ def slice_senteval(dst, src, n, sizes=None, mode_files=None):
 
 
 class FakeEncoder:
-    """Stands in for common.encode_sentences: each sentence's vector is looked up in a dict (controlled cosines)."""
+    """Stands in for common.encode_sentences: each sentence's vector is looked up in a dict
+    (controlled cosines)."""
 
     def __init__(self, vectors):
         self.vectors = vectors
 
-    def __call__(self, model, tok, sentences, pooler="cls", batch_size=128, id_lists=None, progress=None):
+    def __call__(self, model, tok, sentences, pooler="cls", batch_size=128, id_lists=None,
+                 progress=None):
         return torch.tensor(np.array([self.vectors[s] for s in sentences]), dtype=torch.float32)
 
 
 def pairs_with_cosines(prefix, cosines, gold):
-    """(A, B, gold) whose pair i has cosine exactly cosines[i], plus the sentence -> vector table."""
+    """(A, B, gold) whose pair i has cosine exactly cosines[i], plus the sentence -> vector
+    table."""
     vectors, a, b = {}, [], []
     for i, c in enumerate(cosines):
         a.append(f"{prefix} a {i}")
@@ -60,36 +68,42 @@ def pairs_with_cosines(prefix, cosines, gold):
     return (a, b, np.array(gold, dtype=float)), vectors
 
 
-# ---- Spearman on hand-computable toys --------------------------------------------------------------------------
+# ---- Spearman on hand-computable toys ------------------------------------------------------------
 
 def test_spearman_monotone_reversed_and_ties():
-    assert common.score_pairs(np.array([0.1, 0.5, 0.7, 0.9]), np.array([1, 2, 3, 4.0]))["spearman"] == \
+    assert common.score_pairs(np.array([0.1, 0.5, 0.7, 0.9]), np.array([1, 2, 3,
+                                                                        4.0]))["spearman"] == \
         pytest.approx(100)
     # monotone but not linear: Spearman 100, Pearson below
     s = common.score_pairs(np.array([1, 2, 3, 100.0]), np.array([1, 2, 3, 4.0]))
     assert s["spearman"] == pytest.approx(100) and s["pearson"] < 99 and s["n"] == 4
-    assert common.score_pairs(np.array([0.9, 0.7, 0.5, 0.1]), np.array([1, 2, 3, 4.0]))["spearman"] == \
+    assert common.score_pairs(np.array([0.9, 0.7, 0.5, 0.1]), np.array([1, 2, 3,
+                                                                        4.0]))["spearman"] == \
         pytest.approx(-100)
     # ties get average ranks: pred ranks [1, 2.5, 2.5, 4] vs gold ranks [1, 2, 3, 4]
     # -> Pearson of ranks = 4.5 / sqrt(4.5 * 5) = sqrt(0.9)
     tied = common.score_pairs(np.array([1, 2, 2, 3.0]), np.array([1, 2, 3, 4.0]))
     assert tied["spearman"] == pytest.approx(100 * np.sqrt(0.9), abs=1e-9)
     # the gold scale does not matter (golds are not normalised)
-    assert common.score_pairs(np.array([0.3, 0.1, 0.2]), np.array([50, 10, 30.0]))["spearman"] == pytest.approx(100)
+    assert common.score_pairs(np.array([0.3, 0.1, 0.2]), np.array([50, 10, 30.0]))[
+        "spearman"
+    ] == pytest.approx(100)
 
 
 def test_cosine_matches_numpy_and_zero_vector_is_zero():
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(5, 7, generator=g), torch.randn(5, 7, generator=g)
-    expected = [float(np.dot(x, y) / np.linalg.norm(x) / np.linalg.norm(y)) for x, y in zip(a.numpy(), b.numpy())]
+    expected = [float(np.dot(x, y) / np.linalg.norm(x) / np.linalg.norm(y)) for x, y
+                in zip(a.numpy(), b.numpy())]
     np.testing.assert_allclose(common.cosine(a, b), expected, atol=1e-6)
     assert common.cosine(torch.zeros(1, 3), torch.ones(1, 3))[0] == 0  # nan_to_num, as SentEval
 
 
-# ---- 'all' (subsets concatenated) is what STS12-16 report, not the mean of subsets -----------------------------
+# ---- 'all' (subsets concatenated) is what STS12-16 report, not the mean of subsets ---------------
 
 def test_all_is_concatenation_not_mean_controlled(monkeypatch):
-    # subset A: perfectly ranked, high gold, low cosines; subset B: perfectly ranked, low gold, high cosines
+    # subset A: perfectly ranked, high gold, low cosines; subset B: perfectly ranked, low gold, high
+    # cosines
     sub_a, va = pairs_with_cosines("A", [0.1, 0.2, 0.3], [3, 4, 5])
     sub_b, vb = pairs_with_cosines("B", [0.7, 0.8, 0.9, 0.95], [0, 1, 2, 2.5])
     monkeypatch.setattr(common, "encode_sentences", FakeEncoder({**va, **vb}))
@@ -106,7 +120,8 @@ def test_wmean_weights_by_subset_size(monkeypatch):
     sub_a, va = pairs_with_cosines("A", [0.1, 0.2, 0.3], [3, 2, 1])        # -100, n = 3
     sub_b, vb = pairs_with_cosines("B", [0.4, 0.5, 0.6, 0.7], [1, 2, 3, 4])  # +100, n = 4
     monkeypatch.setattr(common, "encode_sentences", FakeEncoder({**va, **vb}))
-    d = common.evaluate_sts(None, None, None, tasks={"STS15": {"A": sub_a, "B": sub_b}})["details"]["STS15"]
+    d = common.evaluate_sts(None, None, None, tasks={"STS15": {"A": sub_a,
+                                                               "B": sub_b}})["details"]["STS15"]
     assert d["mean"] == pytest.approx(0) and d["wmean"] == pytest.approx(100 / 7)
 
 
@@ -120,11 +135,15 @@ def test_avg_is_mean_of_rounded_task_scores(monkeypatch):
     monkeypatch.setattr(common, "encode_sentences", FakeEncoder(vectors))
     res = common.evaluate_sts(None, None, None, mode="test", tasks=tasks)
     assert set(res) == {*common.TEST_TASKS, "Avg", "details"}
-    assert res["Avg"] == pytest.approx(np.mean([round(res[t], 2) for t in common.TEST_TASKS]), abs=1e-12)
+    assert res["Avg"] == pytest.approx(np.mean([round(res[t], 2) for t in common.TEST_TASKS]),
+                                       abs=1e-12)
 
 
 def tiny_model_and_tokenizer():
-    words = "a man woman dog cat is are playing eating riding the guitar horse bike food on in with".split()
+    words = (
+        "a man woman dog cat is are playing eating riding the guitar horse bike food on in with"
+        .split()
+    )
     vocab = {t: i for i, t in enumerate([*common.SPECIAL_TOKENS, *words, "."])}
     torch.manual_seed(0)
     model = common.Bert(common.BertConfig.tiny(vocab_size=len(vocab))).eval()
@@ -139,7 +158,11 @@ def test_all_is_concatenation_with_a_tiny_bert():
         return " ".join(rng.choice(words, rng.integers(2, 9))) + " ."
 
     def subset(n, offset):
-        return [sentence() for _ in range(n)], [sentence() for _ in range(n)], rng.uniform(0, 2.5, n) + offset
+        return (
+            [sentence() for _ in range(n)],
+            [sentence() for _ in range(n)],
+            rng.uniform(0, 2.5, n) + offset,
+        )
 
     tasks = {"STS12": {"subA": subset(25, 0.0), "subB": subset(30, 2.5)}}
     res = common.evaluate_sts(model, tok, None, pooler="cls", batch_size=8, tasks=tasks)
@@ -161,17 +184,20 @@ def test_all_is_concatenation_with_a_tiny_bert():
     assert res["STS12"] == pytest.approx(expected_all, abs=1e-6)
     assert d["mean"] == pytest.approx(np.mean(per_subset), abs=1e-6)
     assert abs(res["STS12"] - d["mean"]) > 1  # the reported number is not the mean of the subsets
-    assert res["details"]["sentences_encoded"] == len({s for a, b, _ in tasks["STS12"].values() for s in a + b})
+    assert res["details"]["sentences_encoded"] == len({s for a, b, _ in tasks["STS12"].values()
+                                                       for s in a + b})
 
 
-# ---- SentEval file parsing ---------------------------------------------------------------------------------------
+# ---- SentEval file parsing -----------------------------------------------------------------------
 
 def test_empty_gold_lines_are_dropped_and_pairs_stay_aligned(tmp_path):
     folder = tmp_path / "STS" / "STS16-en-test"
-    write(folder / "STS.input.toy.txt", ["s0 a\ts0 b", "s1 a\ts1 b", "s2  a\t s2 b ", "s3 a\ts3 b", "s4 a\ts4 b"])
+    write(folder / "STS.input.toy.txt", ["s0 a\ts0 b", "s1 a\ts1 b", "s2  a\t s2 b ", "s3 a\ts3 b",
+                                         "s4 a\ts4 b"])
     write(folder / "STS.gs.toy.txt", ["4.0", "", "2.5", "", "1"])
     a, b, gold = common.load_sts_subset(tmp_path, "STS16", "toy")
-    assert a == ["s0 a", "s2 a", "s4 a"]  # whitespace re-joined with single spaces, as SentEval's batcher
+    # whitespace re-joined with single spaces, as SentEval's batcher
+    assert a == ["s0 a", "s2 a", "s4 a"]
     assert b == ["s0 b", "s2 b", "s4 b"]
     np.testing.assert_array_equal(gold, [4.0, 2.5, 1.0])
 
@@ -190,14 +216,18 @@ def test_stsb_and_sick_parsing(tmp_path):
         "24\tA person rides\tA person is riding\t4.9\tENTAILMENT",
     ])
     a, b, y = common.load_sts_split(tmp_path, "SICKRelatedness", "dev")  # dev = SICK trial
-    assert a == ["The boys are playing", "A person rides"] and b == ["No boy is playing", "A person is riding"]
+    assert a == ["The boys are playing", "A person rides"] and b == ["No boy is playing",
+                                                                     "A person is riding"]
     np.testing.assert_array_equal(y, [3.6, 4.9])
 
 
-@pytest.mark.parametrize("row", ["main-captions\tMSRvid\t2012test\t0001\t2.500\tA man is playing.",  # cut
-                                 "main-news\theadlines\t2015\t0002\tfive\tFirst one\tSecond one"])  # bad score
+# cut
+@pytest.mark.parametrize("row", ["main-captions\tMSRvid\t2012test\t0001\t2.500\tA man is playing.",
+                                 # bad score
+                                 "main-news\theadlines\t2015\t0002\tfive\tFirst one\tSecond one"])
 def test_malformed_file_is_a_one_line_error_naming_it(tmp_path, row):
-    write(tmp_path / "STS/STSBenchmark/sts-dev.csv", ["main-news\theadlines\t2015\t0001\t1.0\tA\tB", row])
+    write(tmp_path / "STS/STSBenchmark/sts-dev.csv", ["main-news\theadlines\t2015\t0001\t1.0\tA\tB",
+                                                      row])
     with pytest.raises(common.UserError, match=r"sts-dev\.csv is malformed") as e:
         common.load_sts_split(tmp_path, "STSBenchmark", "dev")
     assert "\n" not in str(e.value) and "download senteval" in str(e.value)
@@ -217,24 +247,30 @@ def test_check_senteval_lists_missing_files(tmp_path):
 
 def test_cli_incomplete_senteval_is_one_line_error(tmp_path, model_dir):
     (tmp_path / "STS").mkdir()
-    r = subprocess.run([sys.executable, "common.py", "eval", "--model", str(model_dir), "--senteval", str(tmp_path),
+    r = subprocess.run([sys.executable, "common.py", "eval", "--model", str(model_dir),
+                        "--senteval", str(tmp_path),
                         "--device", "cpu"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and "python common.py download senteval" in lines[0]
+    assert len(lines) == 1
+    assert lines[0].startswith("error:")
+    assert "python common.py download senteval" in lines[0]
 
 
 def test_cli_dev_mode_needs_only_the_dev_files(tmp_path, senteval_dir, model_dir):
-    # `eval --mode dev` reads STS-B dev and SICK trial only; a folder holding just those must be enough.
-    # KNOWN BUG (common.py): resolve_senteval() checks the test-mode files before run_eval's mode-aware check.
+    # `eval --mode dev` reads STS-B dev and SICK trial only; a folder holding just those must be
+    # enough.
+    # KNOWN BUG (common.py): resolve_senteval() checks the test-mode files before run_eval's
+    # mode-aware check.
     slice_senteval(tmp_path, senteval_dir, 10, mode_files=common.sts_files("dev"))
-    res = common.cli(["eval", "--model", str(model_dir), "--senteval", str(tmp_path), "--mode", "dev",
+    res = common.cli(["eval", "--model", str(model_dir), "--senteval", str(tmp_path), "--mode",
+                      "dev",
                       "--device", "cpu"])
     assert set(res) == {"STSBenchmark", "SICKRelatedness", "details"}
 
 
-# ---- real data ---------------------------------------------------------------------------------------------------
+# ---- real data -----------------------------------------------------------------------------------
 
 def test_real_pair_counts(senteval_dir):
     expected = {"STS12": 3108, "STS13": 1500, "STS14": 3750, "STS15": 3000, "STS16": 1186,
@@ -249,21 +285,26 @@ def test_real_pair_counts(senteval_dir):
         if task in common.STS_YEARS:
             assert list(subsets) == common.STS_YEARS[task]
     dev = common.load_sts(senteval_dir, "dev")
-    assert {t: len(s["dev"][2]) for t, s in dev.items()} == {"STSBenchmark": 1500, "SICKRelatedness": 500}
+    assert {t: len(s["dev"][2]) for t, s in dev.items()} == {"STSBenchmark": 1500,
+                                                             "SICKRelatedness": 500}
 
 
 @pytest.mark.parametrize("pooler", ["cls", "avg"])
 def test_encode_sentences_restores_order(minilm, pooler):
     tok, model = minilm
-    sentences = ["a man is playing a guitar .", "hi", "the quick brown fox jumps over the lazy dog near the river bank",
+    sentences = ["a man is playing a guitar .", "hi", "the quick brown fox jumps over the lazy dog "
+                                                      "near the river bank",
                  "a woman is slicing an onion .", "two dogs run", "a man is playing a guitar .",
-                 "stocks fell sharply on tuesday after the central bank raised interest rates again", "ok then",
+                 "stocks fell sharply on tuesday after the central bank raised interest rates "
+                 "again", "ok then",
                  "a child rides a horse on the beach at sunset", "birds"]
     order = np.random.default_rng(0).permutation(len(sentences))
     shuffled = [sentences[i] for i in order]
     batched = common.encode_sentences(model, tok, shuffled, pooler, batch_size=3)  # 4 batches
-    alone = torch.cat([common.encode_sentences(model, tok, [s], pooler, batch_size=1) for s in shuffled])
-    assert batched.shape == (len(sentences), model.cfg.hidden_size) and batched.dtype == torch.float32
+    alone = torch.cat([common.encode_sentences(model, tok, [s], pooler, batch_size=1) for s
+                       in shuffled])
+    assert batched.shape == (len(sentences),
+                             model.cfg.hidden_size) and batched.dtype == torch.float32
     torch.testing.assert_close(batched, alone, atol=1e-5, rtol=0)
 
 
@@ -276,14 +317,17 @@ def test_official_number_stsb_test_avg(minilm, senteval_dir):
 
 def test_official_number_sts13_all_avg(minilm, senteval_dir):
     tok, model = minilm
-    tasks = {"STS13": {s: common.load_sts_subset(senteval_dir, "STS13", s) for s in common.STS_YEARS["STS13"]}}
+    tasks = {"STS13": {s: common.load_sts_subset(senteval_dir, "STS13", s) for s
+                       in common.STS_YEARS["STS13"]}}
     res = common.evaluate_sts(model, tok, senteval_dir, pooler="avg", tasks=tasks)
     assert res["STS13"] == pytest.approx(OFFICIAL_AVG["STS13"], abs=0.02)
-    assert abs(res["details"]["STS13"]["mean"] - res["STS13"]) > 1  # 'all' really differs from the mean here
+    # 'all' really differs from the mean here
+    assert abs(res["details"]["STS13"]["mean"] - res["STS13"]) > 1
 
 
 def test_devset_equals_evaluate_sts_dev(minilm, senteval_dir, tmp_path):
-    # a slice of the real files (200 STS-B dev pairs) keeps this fast; the full dev set is in bench_eval.py
+    # a slice of the real files (200 STS-B dev pairs) keeps this fast; the full dev set is in
+    # bench_eval.py
     tok, model = minilm
     root = slice_senteval(tmp_path, senteval_dir, 10, sizes={"STS/STSBenchmark/sts-dev.csv": 200},
                           mode_files=common.sts_files("dev"))
@@ -297,7 +341,8 @@ def test_cli_json_dev_keys(minilm, senteval_dir, model_dir, tmp_path):
     # a slice of every real file, so that the folder is complete but tiny
     root = slice_senteval(tmp_path / "senteval", senteval_dir, 20)
     out = tmp_path / "dev.json"
-    r = subprocess.run([sys.executable, "common.py", "eval", "--model", str(model_dir), "--senteval", str(root),
+    r = subprocess.run([sys.executable, "common.py", "eval", "--model", str(model_dir),
+                        "--senteval", str(root),
                         "--mode", "dev", "--device", "cpu", "--json", str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -312,11 +357,15 @@ def test_cli_json_dev_keys(minilm, senteval_dir, model_dir, tmp_path):
 
 
 def test_cli_json_into_a_new_folder(minilm, senteval_dir, model_dir, tmp_path):
-    # --json runs/x/dev.json with runs/x not there yet: written (or refused up front), never a traceback after
-    # the whole evaluation. KNOWN BUG (common.py): atomic_write's mkstemp raises FileNotFoundError at the end.
-    root = slice_senteval(tmp_path / "senteval", senteval_dir, 10, mode_files=common.sts_files("test")
+    # --json runs/x/dev.json with runs/x not there yet: written (or refused up front), never a
+    # traceback after
+    # the whole evaluation. KNOWN BUG (common.py): atomic_write's mkstemp raises FileNotFoundError
+    # at the end.
+    root = slice_senteval(tmp_path / "senteval", senteval_dir, 10,
+                          mode_files=common.sts_files("test")
                           + common.sts_files("dev"))
     out = tmp_path / "runs" / "x" / "dev.json"
-    common.cli(["eval", "--model", str(model_dir), "--senteval", str(root), "--mode", "dev", "--device", "cpu",
+    common.cli(["eval", "--model", str(model_dir), "--senteval", str(root), "--mode", "dev",
+                "--device", "cpu",
                 "--json", str(out)])
     assert set(json.loads(out.read_text())) == {"STSBenchmark", "SICKRelatedness", "details"}

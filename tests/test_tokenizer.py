@@ -1,8 +1,12 @@
-"""WordPiece tokenizer: identical ids to Hugging Face's (slow, pure-Python) BertTokenizer, plus small unit tests.
+"""WordPiece tokenizer: identical ids to Hugging Face's (slow, pure-Python) BertTokenizer, plus
+small unit tests.
 
-The Hugging Face ids live in tests/fixtures/tokenizer_ref.json (made by tests/fixtures/make_fixtures.py, which is
-the only place transformers is ever imported). The corpus sentences are extracted here exactly as that script's
-docstring specifies, tokenized with our Tokenizer and compared chunk by chunk through sha256 digests.
+The Hugging Face ids live in tests/fixtures/tokenizer_ref.json (made by
+tests/fixtures/make_fixtures.py, which is
+the only place transformers is ever imported). The corpus sentences are extracted here exactly as
+that script's
+docstring specifies, tokenized with our Tokenizer and compared chunk by chunk through sha256
+digests.
 """
 import hashlib
 import json
@@ -34,7 +38,8 @@ def read_lines(path):
 
 
 def corpus_sentences(name, senteval, wiki):
-    """The sentences of one fixture corpus, extracted exactly as tests/fixtures/make_fixtures.py describes."""
+    """The sentences of one fixture corpus, extracted exactly as tests/fixtures/make_fixtures.py
+    describes."""
     group, _, sub = name.partition("/")
     if group in STS_SUBSETS:
         sents = []
@@ -47,7 +52,8 @@ def corpus_sentences(name, senteval, wiki):
         return [norm(s) for line in read_lines(senteval / "STS" / "STSBenchmark" / f"{sub}.csv")
                 for s in line.strip().split("\t")[5:7]]
     if group == "SICK":
-        return [norm(s) for line in read_lines(senteval / "SICK" / sub)[1:] for s in line.strip().split("\t")[1:3]]
+        return [norm(s) for line in read_lines(senteval / "SICK" / sub)[1:] for s
+                in line.strip().split("\t")[1:3]]
     assert name == "wiki1m_head", name
     return [line.strip() for line in open(wiki, encoding="utf8") if line.strip()]
 
@@ -64,7 +70,8 @@ def tok(minilm):
 def test_fixture_lists_every_corpus():
     expected = {f"{y}/{s}" for y, subs in STS_SUBSETS.items() for s in subs}
     expected |= {f"STSBenchmark/{s}" for s in ("sts-train", "sts-dev", "sts-test")}
-    expected |= {f"SICK/{f}" for f in ("SICK_train.txt", "SICK_trial.txt", "SICK_test_annotated.txt")}
+    expected |= {f"SICK/{f}" for f in ("SICK_train.txt", "SICK_trial.txt",
+                                       "SICK_test_annotated.txt")}
     assert set(REF["corpora"]) == expected | {"wiki1m_head"}
 
 
@@ -72,7 +79,9 @@ def test_fixture_lists_every_corpus():
 def test_corpus_matches_hugging_face(tok, senteval_dir, wiki_path, name):
     ref = REF["corpora"][name]
     sents = corpus_sentences(name, senteval_dir, wiki_path)
-    assert len(sents) == ref["n"], f"{name}: extracted {len(sents)} sentences, the fixture has {ref['n']}"
+    assert (
+        len(sents) == ref["n"]
+    ), f"{name}: extracted {len(sents)} sentences, the fixture has {ref['n']}"
     size = ref["chunk"]
     ids = [tok.encode(s) for s in sents]
     for k, want in enumerate(ref["digests"]):
@@ -80,7 +89,8 @@ def test_corpus_matches_hugging_face(tok, senteval_dir, wiki_path, name):
         if digest(chunk) != want:
             lo, hi = k * size, min((k + 1) * size, len(sents))
             suspects = [s for s in sents[lo:hi] if not s.isascii()][:3]
-            pytest.fail(f"{name}: chunk {k} (sentences {lo}..{hi - 1}) differs from Hugging Face; its first "
+            pytest.fail(f"{name}: chunk {k} (sentences {lo}..{hi - 1}) differs from Hugging Face; "
+                        f"its first "
                         f"sentence: {sents[lo]!r}; non-ASCII sentences in it: {suspects!r}")
     assert len(ref["digests"]) == -(-len(sents) // size)
 
@@ -90,17 +100,20 @@ def test_hard_strings(tok, case):
     assert tok.encode(case["text"]) == case["ids"], case["text"]
 
 
-@pytest.mark.parametrize("case", REF["truncation"], ids=lambda c: f"{c['max_len']}-{ascii(c['text'])[:30]}")
+@pytest.mark.parametrize("case", REF["truncation"],
+                         ids=lambda c: f"{c['max_len']}-{ascii(c['text'])[:30]}")
 def test_truncation_matches_hugging_face(tok, case):
     got = tok.encode(case["text"], case["max_len"])
     assert got == case["ids"]
     assert len(got) <= case["max_len"] and got[-1] == tok.sep_id
 
 
-# ---- a hand-built mini vocabulary ----------------------------------------------------------------------------
+# ---- a hand-built mini vocabulary ----------------------------------------------------------------
 
-MINI = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "un", "##aff", "##able", "want", "##want", "##ed", "wa",
-        "runn", "##ing", ",", ".", "!", "$", "hello", "Hello", "world", "cafe", "Café", "我", "爱", "a", "##a", "b",
+MINI = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "un", "##aff", "##able", "want", "##want",
+        "##ed", "wa",
+        "runn", "##ing", ",", ".", "!", "$", "hello", "Hello", "world", "cafe", "Café", "我",
+        "爱", "a", "##a", "b",
         "c", "d"]
 V = {t: i for i, t in enumerate(MINI)}
 PAD, UNK, CLS, SEP, MASK = range(5)
@@ -117,7 +130,8 @@ def pieces(tok, text):
 
 
 def test_special_ids(mini):
-    assert (mini.pad_id, mini.unk_id, mini.cls_id, mini.sep_id, mini.mask_id) == (PAD, UNK, CLS, SEP, MASK)
+    assert (mini.pad_id, mini.unk_id, mini.cls_id, mini.sep_id, mini.mask_id) == (PAD, UNK, CLS,
+                                                                                  SEP, MASK)
 
 
 def test_wordpiece_longest_match(mini):
@@ -127,12 +141,14 @@ def test_wordpiece_longest_match(mini):
 
 def test_unknown_word_is_one_unk(mini):
     assert pieces(mini, "xyz") == ["[UNK]"]
-    assert pieces(mini, "unxyz hello") == ["[UNK]", "hello"]  # one unknown stretch: the whole word is [UNK]
+    # one unknown stretch: the whole word is [UNK]
+    assert pieces(mini, "unxyz hello") == ["[UNK]", "hello"]
 
 
 def test_lower_case_and_accents(mini):
     assert pieces(mini, "UnAffABLE HELLO") == ["un", "##aff", "##able", "hello"]
-    assert pieces(mini, "CAFÉ café cafe\u0301") == ["cafe"] * 3  # accents stripped, precomposed or combining
+    # accents stripped, precomposed or combining
+    assert pieces(mini, "CAFÉ café cafe\u0301") == ["cafe"] * 3
 
 
 def test_punctuation_and_whitespace(mini):
@@ -155,7 +171,8 @@ def test_special_token_strings_kept_whole(mini):
 def test_call_places_cls_sep_and_padding(mini):
     ids, mask = mini(["hello", "hello world ."])
     assert ids.dtype == mask.dtype == torch.long
-    assert ids.tolist() == [[CLS, V["hello"], SEP, PAD, PAD], [CLS, V["hello"], V["world"], V["."], SEP]]
+    assert ids.tolist() == [[CLS, V["hello"], SEP, PAD, PAD], [CLS, V["hello"], V["world"], V["."],
+                                                               SEP]]
     assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
     assert mini.encode("") == [CLS, SEP]
 
@@ -184,17 +201,22 @@ def write_folder(path, config=None):
 
 
 def test_do_lower_case_false_from_tokenizer_config(tmp_path):
-    cased = common.Tokenizer.from_pretrained(write_folder(tmp_path / "cased", {"do_lower_case": False}))
+    cased = common.Tokenizer.from_pretrained(write_folder(tmp_path / "cased",
+                                                          {"do_lower_case": False}))
     assert cased.vocab == V
-    assert pieces(cased, "Hello hello Café") == ["Hello", "hello", "Café"]  # no lower-casing, accents kept
-    uncased = common.Tokenizer.from_pretrained(write_folder(tmp_path / "uncased"))  # no tokenizer_config.json
+    # no lower-casing, accents kept
+    assert pieces(cased, "Hello hello Café") == ["Hello", "hello", "Café"]
+    # no tokenizer_config.json
+    uncased = common.Tokenizer.from_pretrained(write_folder(tmp_path / "uncased"))
     assert pieces(uncased, "Hello hello Café") == ["hello", "hello", "cafe"]
 
 
 def test_vocab_without_final_newline_keeps_its_last_token(tmp_path):
     folder = write_folder(tmp_path / "v")
-    (folder / "vocab.txt").write_text("\n".join(MINI), encoding="utf-8")  # no newline after the last token
-    assert common.Tokenizer.from_pretrained(folder).vocab == V  # as Hugging Face's load_vocab reads it
+    # no newline after the last token
+    (folder / "vocab.txt").write_text("\n".join(MINI), encoding="utf-8")
+    # as Hugging Face's load_vocab reads it
+    assert common.Tokenizer.from_pretrained(folder).vocab == V
 
 
 def test_vocab_without_special_tokens_is_refused(tmp_path):
@@ -206,7 +228,8 @@ def test_vocab_without_special_tokens_is_refused(tmp_path):
 
 
 def test_tokenize_corpus_in_processes_equals_serial(model_dir, wiki_path, monkeypatch):
-    tok = common.Tokenizer.from_pretrained(model_dir)  # a fresh one: its empty word cache is cheap to send
+    # a fresh one: its empty word cache is cheap to send
+    tok = common.Tokenizer.from_pretrained(model_dir)
     sents = corpus_sentences("wiki1m_head", None, wiki_path)
     sents = sents + sents[::-1]  # > 20,000 sentences
     assert len(sents) > 20_000
@@ -226,12 +249,14 @@ def test_workers_follow_the_cpu_affinity_with_a_cap(monkeypatch):
 
 
 def test_under_torchrun_the_workers_are_spawned_not_forked(model_dir, monkeypatch):
-    """torchrun's process group runs threads (gloo, NCCL): forking then is unsafe, so rank 0 spawns its workers."""
+    """torchrun's process group runs threads (gloo, NCCL): forking then is unsafe, so rank 0 spawns
+    its workers."""
     tok = common.Tokenizer.from_pretrained(model_dir)
     contexts = []
     real = multiprocessing.get_context
     monkeypatch.setattr(multiprocessing, "get_context", lambda *a: contexts.append(a) or real(*a))
     monkeypatch.setattr(common, "world", lambda: (0, 2))
     sents = ["the first sentence.", "a second one", "and a third, with commas"] * 4
-    assert common.tokenize_corpus(tok, sents, 32, workers=2, min_parallel=0) == [tok.encode(s, 32) for s in sents]
+    assert common.tokenize_corpus(tok, sents, 32, workers=2, min_parallel=0) == [tok.encode(s, 32)
+                                                                                 for s in sents]
     assert contexts == [("spawn",)]

@@ -1,18 +1,22 @@
-"""A tiny, self-contained world for end-to-end tests: a 2-layer BERT folder (with and without an MLM head),
-a small training file and a SentEval folder in the real layout with a few pairs per file. Seconds on a CPU."""
+"""A tiny, self-contained world for end-to-end tests: a 2-layer BERT folder (with and without an MLM
+head),
+a small training file and a SentEval folder in the real layout with a few pairs per file. Seconds on
+a CPU."""
 import random
 
 import torch
 
 import common
 
-WORDS = ("a man woman child dog cat is are the playing eating running guitar ball food on in with park "
+WORDS = ("a man woman child dog cat is are the playing eating running guitar ball food on in with "
+         "park "
          "street house car big small red blue old young").split()
 
 
 def make_vocab():
     letters = "abcdefghijklmnopqrstuvwxyz"
-    tokens = list(common.SPECIAL_TOKENS) + WORDS + list(letters) + ["##" + c for c in letters] + [".", ","]
+    tokens = list(common.SPECIAL_TOKENS) + WORDS + list(letters) + ["##" + c for c
+                                                                    in letters] + [".", ","]
     return list(dict.fromkeys(tokens))  # "a" is a word and a letter: one line, ids without a gap
 
 
@@ -33,7 +37,8 @@ def make_model(folder, mlm_head=False, seed=0):
 
 
 def senteval_text(rel, rows):
-    """A SentEval file's text in its real format (the files in ../shared) holding rows [(a, b, gold)],
+    """A SentEval file's text in its real format (the files in ../shared) holding rows [(a, b,
+    gold)],
     or None for a file the STS tasks do not read."""
     name = rel.rsplit("/", 1)[-1]
     if name.startswith("STS.input."):
@@ -41,7 +46,8 @@ def senteval_text(rel, rows):
     if name.startswith("STS.gs."):
         return "".join(f"{g}\n" for _, _, g in rows)
     if name in ("sts-train.csv", "sts-dev.csv", "sts-test.csv"):
-        return "".join(f"genre\tfile\tyear\t{i:04d}\t{g}\t{a}\t{b}\n" for i, (a, b, g) in enumerate(rows))
+        return "".join(f"genre\tfile\tyear\t{i:04d}\t{g}\t{a}\t{b}\n" for i, (a, b, g)
+                       in enumerate(rows))
     if name in ("SICK_train.txt", "SICK_trial.txt", "SICK_test_annotated.txt"):
         return "pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment\n" + \
                "".join(f"{i}\t{a}\t{b}\t{g}\tNEUTRAL\n" for i, (a, b, g) in enumerate(rows))
@@ -68,5 +74,6 @@ def make_world(tmp):
     rng = random.Random(1)
     data = tmp / "train.txt"
     data.write_text("".join(sentence(rng) + "\n" for _ in range(48)))
-    return dict(model=str(make_model(tmp / "model")), generator=str(make_model(tmp / "generator", mlm_head=True)),
+    return dict(model=str(make_model(tmp / "model")), generator=str(make_model(tmp / "generator",
+                                                                               mlm_head=True)),
                 data=str(data), senteval=str(make_senteval(tmp / "senteval")))

@@ -1,14 +1,20 @@
-"""A mutation check over the core: each mutant changes one line so that a reader would call the result a
+"""A mutation check over the core: each mutant changes one line so that a reader would call the
+result a
 different method (or a broken one); the suite must fail on every one. Stdlib only.
 
-    python tests/tools/mutate.py                 # every mutant: its test files, then the whole suite if it lived
+    python tests/tools/mutate.py                 # every mutant: its test files, then the whole
+    suite if it lived
     python tests/tools/mutate.py clip shuffle    # the mutants named so
     python tests/tools/mutate.py --list
 
-Each mutant is applied to a copy of the tree (the five top-level files and tests/), never to the checkout; its
-own test files run first (-x), and a mutant they miss runs the whole suite before it is called a survivor. A
-mutant whose old text does not occur exactly once is an error, so the list cannot rot silently. The data
-variables (SIMCSE_TEST_MODEL, ...) pass through: set them as .ci/run does, or the tests that need them skip.
+Each mutant is applied to a copy of the tree (the five top-level files and tests/), never to the
+checkout; its
+own test files run first (-x), and a mutant they miss runs the whole suite before it is called a
+survivor. A
+mutant whose old text does not occur exactly once is an error, so the list cannot rot silently. The
+data
+variables (SIMCSE_TEST_MODEL, ...) pass through: set them as .ci/run does, or the tests that need
+them skip.
 """
 import argparse
 import os
@@ -26,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def check(mutants):
-    """Every old text occurs exactly once in its file: a moved line is an error, not a silent pass."""
+    """Every old text occurs exactly once in its file: a moved line is an error, not a silent
+    pass."""
     bad = [f"{m.name}: {m.file} holds its old text {(ROOT / m.file).read_text().count(m.old)} times"
            for m in mutants if (ROOT / m.file).read_text().count(m.old) != 1]
     if bad:
@@ -47,7 +54,8 @@ def pytest(tree, files, timeout):
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-rf", "-p", "no:cacheprovider", *files]
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     try:
-        done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True,
+                              timeout=timeout)
     except subprocess.TimeoutExpired:
         return True, "timed out"  # a mutant that hangs the suite is caught too
     lines = done.stdout.strip().splitlines() or [""]
@@ -76,7 +84,8 @@ def main():
     parser.add_argument("names", nargs="*", help="mutants to run (default: all)")
     parser.add_argument("--list", action="store_true", help="print the mutants and stop")
     parser.add_argument("--jobs", type=int, default=2, help="mutants checked at once")
-    parser.add_argument("--timeout", type=int, default=300, help="seconds for one mutant's own test files")
+    parser.add_argument("--timeout", type=int, default=300, help="seconds for one mutant's own "
+                                                                 "test files")
     args = parser.parse_args()
     unknown = set(args.names) - {m.name for m in MUTANTS}
     if unknown:
@@ -89,8 +98,10 @@ def main():
         return
     start, survived = time.time(), []
     with ThreadPoolExecutor(args.jobs) as pool:
-        for name, killed, detail, seconds in pool.map(lambda m: run_mutant(m, args.timeout), chosen):
-            print(f"{'killed  ' if killed else 'SURVIVED'} {name:<24} {seconds:5.0f} s  {detail}", flush=True)
+        for name, killed, detail, seconds in pool.map(lambda m: run_mutant(m, args.timeout),
+                                                      chosen):
+            print(f"{'killed  ' if killed else 'SURVIVED'} {name:<24} {seconds:5.0f} s  {detail}",
+                  flush=True)
             survived += [] if killed else [name]
     print(f"{len(chosen)} mutants, {len(chosen) - len(survived)} killed, {len(survived)} survived"
           + (f" ({', '.join(survived)})" if survived else "") + f", in {time.time() - start:.0f} s")

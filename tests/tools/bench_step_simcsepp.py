@@ -1,8 +1,11 @@
-"""Median ms per training step (train_step + backward) of SimCSE, SimCSE + DCL and SimCSE++ on one model and batch.
+"""Median ms per training step (train_step + backward) of SimCSE, SimCSE + DCL and SimCSE++ on one
+model and batch.
 
-    python tests/bench_step_simcsepp.py --model ../shared/models/all-MiniLM-L6-v2 --data ../shared/data/wiki1m_head.txt
+    python tests/tools/bench_step_simcsepp.py --model ../shared/models/all-MiniLM-L6-v2 --data
+    ../shared/data/wiki1m_head.txt
 
-Not collected by pytest. The variants take turns step by step, so drift in machine load hits all of them alike.
+Not collected by pytest. The variants take turns step by step, so drift in machine load hits all of
+them alike.
 """
 import argparse
 import statistics
@@ -12,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 import common  # noqa: E402
 import simcse_min  # noqa: E402
 import simcsepp_min  # noqa: E402
@@ -22,7 +25,8 @@ def step_ms(module, model, head, ids, mask, cfg, device):
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
     start = time.perf_counter()
-    with common.MixedPrecision(common.choose_precision("auto", device)[0], device).autocast():  # as a run
+    # as a run
+    with common.MixedPrecision(common.choose_precision("auto", device)[0], device).autocast():
         loss, _ = module.train_step(model, head, ids, mask, cfg)
     loss.backward()
     sync()
@@ -40,12 +44,16 @@ def main():
     args = p.parse_args()
     device = common.resolve_device(args.device)
     torch.manual_seed(0)
-    tok, model = common.Tokenizer.from_pretrained(args.model), common.Bert.from_pretrained(args.model, quiet=True)
+    tok, model = common.Tokenizer.from_pretrained(args.model), common.Bert.from_pretrained(
+        args.model, quiet=True
+    )
     model = model.to(device).train()
     head = simcse_min.MLPHead(model.cfg.hidden_size).to(device)
-    ids, mask = (t[:, None].to(device) for t in tok(common.read_lines(args.data)[:args.batch_size], max_len=32))
+    ids, mask = (t[:, None].to(device) for t in tok(common.read_lines(args.data)[:args.batch_size],
+                                                    max_len=32))
     variants = {"simcse": (simcse_min, simcse_min.Config()),
-                "simcse+dcl (--off_dropout 0)": (simcsepp_min, simcsepp_min.Config(off_dropout=False)),
+                "simcse+dcl (--off_dropout 0)": (simcsepp_min,
+                                                 simcsepp_min.Config(off_dropout=False)),
                 "simcse++": (simcsepp_min, simcsepp_min.Config())}
     times = {name: [] for name in variants}
     for i in range(args.steps + 2):  # 2 warm-up rounds
@@ -54,7 +62,8 @@ def main():
             if i >= 2:
                 times[name].append(ms)
     base = statistics.median(times["simcse"])
-    print(f"{device} | batch {args.batch_size} x L {ids.size(-1)} | {args.steps} steps each, median")
+    print(f"{device} | batch {args.batch_size} x L {ids.size(-1)} | {args.steps} steps each, "
+          f"median")
     for name, t in times.items():
         print(f"{name:30s} {statistics.median(t):8.1f} ms/step  x{statistics.median(t) / base:.2f}")
 

@@ -1,0 +1,784 @@
+"""Every bad input we know of, through the real command line: prints a markdown table "input | exit
+code | message".
+
+    python tests/tools/bad_inputs.py            # builds a tiny world in a temporary folder; about a
+    minute on a CPU
+
+tests/test_inputs.py runs the same cases in-process. Each case: a label, the script ("common":
+common.py's command
+line), its flags, the exit code it must give, whether the run must leave no out_dir behind (every
+refusal before
+training does), and optionally {"env": variables to set, "fsize": a file-size limit in bytes (a full
+disk), "lock":
+a run folder whose lock a live run holds}."""
+import contextlib
+import fcntl
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parents[1]  # tests/; this file is in tests/tools/
+sys.path[:0] = [str(TESTS.parent), str(TESTS)]
+
+import common  # noqa: E402
+from tiny_world import make_senteval, make_world  # noqa: E402
+
+
+def copy_model(src, dst, edit=None):
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.is_file():
+            (dst / f.name).write_bytes(f.read_bytes())
+    if edit:
+        edit(dst)
+    return str(dst)
+
+
+def set_config(**kw):
+    def edit(folder):
+        cfg = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**cfg, **kw}))
+    return edit
+
+
+def unfinished_run(tmp, world, name="unfinished", steps=4):
+    """A run of `steps` stopped by SIGTERM at step 2 (checkpoint written), made in-process."""
+    import signal
+    import simcse_min
+    out = Path(tmp) / name
+    real = simcse_min.optimizer_step
+    calls = []
+
+    def step_then_signal(*args):
+        real(*args)
+        calls.append(1)
+        if len(calls) == 2:
+            signal.raise_signal(signal.SIGTERM)
+    simcse_min.optimizer_step = step_then_signal
+    try:
+        simcse_min.train(simcse_min.Config(**world, device="cpu", batch_size=8, max_steps=steps,
+                                           out_dir=str(out)))
+    except SystemExit:
+        pass
+    finally:
+        simcse_min.optimizer_step = real
+    return out
+
+
+def cases(tmp):
+    """[(label, script, flags, exit code, leaves no out_dir[, options])]; every file they need is
+    made under tmp."""
+    tmp = Path(tmp)
+    (tmp / "world").mkdir()
+    world = make_world(tmp / "world")
+    model = Path(world["model"])
+    files = {"empty.txt": "\n  \n", "short.txt": "one sentence .\ntwo sentences .\n",
+             "bad.csv": "a man ,a woman\nonly one column\n",
+             "pairs.csv": "".join(f"a man {i} ,a woman {i}\n" for i in range(16))}
+    for name, text in files.items():
+        (tmp / name).write_text(text)
+    (tmp / "latin1.txt").write_bytes(b"a man is playing .\na dog runs .\ncaf\xe9 au lait .\n")
+    (tmp / "long.txt").write_text(Path(world["data"]).read_text() + "word " * 5000 + ".\n")
+    (tmp / "adir").mkdir()
+    (tmp / "a_file").write_text("x")
+    os.mkfifo(tmp / "fifo")
+    (tmp / "loop").symlink_to(tmp / "loop")
+    lines = Path(world["data"]).read_text()
+    (tmp / "NLI.CSV").write_bytes("\ufeffsent0,sent1\n".encode() + "".join(
+        f'"a man, {i}","a ""woman""\n{i}"\n' for i in range(16)).encode())
+    (tmp / "zero_width.txt").write_text(lines + "\u200b\u200b\n\x07\n")
+    done = tmp / "done"
+    senteval_cut = make_senteval(tmp / "senteval_cut")
+    (senteval_cut / "STS/STS12-en-test/STS.gs.MSRpar.txt").unlink()
+    flat_dev = make_senteval(tmp / "senteval_flat") / "STS/STSBenchmark/sts-dev.csv"
+    # one gold score: Spearman is NaN
+    flat_dev.write_text("".join("\t".join(r[:4] + ["3.00"] + r[5:]) + "\n"
+                                for r in (line.split("\t") for line
+                                          in flat_dev.read_text().splitlines())))
+    # its own token cache entry
+    (tmp / "cached.txt").write_text(lines + "a dog is running in the park .\n")
+    senteval_bad = make_senteval(tmp / "senteval_bad")
+    dev = senteval_bad / "STS/STSBenchmark/sts-dev.csv"
+    dev.write_text(dev.read_text().replace("\t", " ", 4))  # a row cut short
+    models = {
+        "no_config": copy_model(model, tmp / "m_noconfig", lambda d: (d / "config.json").unlink()),
+        "no_vocab": copy_model(model, tmp / "m_novocab", lambda d: (d / "vocab.txt").unlink()),
+        "no_weights": copy_model(model, tmp / "m_noweights",
+                                 lambda d: (d / "model.safetensors").unlink()),
+        "big_vocab": copy_model(model, tmp / "m_bigvocab", lambda d: (d / "vocab.txt").write_text(
+            (d / "vocab.txt").read_text() + "".join(f"extra{i}\n" for i in range(50)))),
+        "positions": copy_model(model, tmp / "m_positions", set_config(max_position_embeddings=32)),
+        "width": copy_model(model, tmp / "m_width", set_config(intermediate_size=4096)),
+        "heads": copy_model(model, tmp / "m_heads", set_config(num_attention_heads=5)),
+        "json": copy_model(model, tmp / "m_json",
+                           lambda d: (d / "config.json").write_text("{\"vocab_size\": 1")),
+        "truncated": copy_model(model, tmp / "m_trunc",
+                                lambda d: (d / "model.safetensors").write_bytes(
+            (d / "model.safetensors").read_bytes()[:5000])),
+        "garbage": copy_model(model, tmp / "m_garbage",
+                              lambda d: (d / "model.safetensors").write_bytes(
+            (200).to_bytes(8, "little") + b"\xff" * 300)),
+        "xlmr": copy_model(model, tmp / "m_xlmr", set_config(model_type="xlm-roberta")),
+        "string": copy_model(model, tmp / "m_string", set_config(hidden_size="32")),
+        "eps": copy_model(model, tmp / "m_eps", set_config(layer_norm_eps="1e-12")),
+        "lower": copy_model(model, tmp / "m_lower",
+                            lambda d: (d / "tokenizer_config.json").write_text(
+            json.dumps({"do_lower_case": "false"}))),
+        "trainer_bin": copy_model(model, tmp / "m_trainer", training_checkpoint),
+        "vocab_twice": copy_model(model, tmp / "m_vocab_twice", vocab_with_a_token_twice),
+        "bpe_no_vocab": copy_model(roberta_folder(tmp / "roberta"), tmp / "m_bpe_novocab",
+                                   lambda d: (d / "vocab.json").unlink()),
+        "bpe_bad_merge": copy_model(tmp / "roberta", tmp / "m_bpe_merge",
+                                    lambda d: (d / "merges.txt").write_text(
+            (d / "merges.txt").read_text() + "Ġzz qq\n")),
+        "small_generator": copy_model(Path(world["generator"]), tmp / "g_small",
+                                      lambda d: (d / "vocab.txt").write_text(
+            (d / "vocab.txt").read_text() + "".join(f"extra{i}\n" for i in range(50)))),
+    }
+    out = str(tmp / "out")
+    base = ["--model", world["model"], "--senteval", world["senteval"], "--device", "cpu",
+            "--batch_size", "8",
+            "--max_steps", "2", "--out_dir", out]
+    data = ["--data", world["data"]]
+    c = [
+        ("data file missing", "simcse", base + ["--data", str(tmp / "missing.txt")], 2, True),
+        ("data file is a directory", "simcse", base + ["--data", str(tmp / "adir")], 2, True),
+        (
+            "data file empty (blank lines only)",
+            "simcse",
+            base + ["--data", str(tmp / "empty.txt")],
+            2,
+            True,
+        ),
+        (
+            "data file not UTF-8 (Latin-1 on line 3)",
+            "simcse",
+            base + ["--data", str(tmp / "latin1.txt")],
+            2,
+            True,
+        ),
+        (
+            "data: fewer sentences than one batch",
+            "simcse",
+            base + ["--data", str(tmp / "short.txt")],
+            2,
+            True,
+        ),
+        (
+            "data: CSV with a 1-column row",
+            "simcse",
+            base + ["--data", str(tmp / "bad.csv")],
+            2,
+            True,
+        ),
+        (
+            "data: sentence pairs (CSV) given to ESimCSE",
+            "esimcse",
+            base + ["--data", str(tmp / "pairs.csv")],
+            2,
+            True,
+        ),
+        (
+            "data: a 25,000-character line (cut, not an error)",
+            "simcse",
+            base[:-1] + [str(tmp / "out_long"), "--data", str(tmp / "long.txt")],
+            0,
+            False,
+        ),
+        (
+            "SentEval folder incomplete (a gold file missing)",
+            "simcse",
+            base + data + ["--senteval", str(senteval_cut)],
+            2,
+            True,
+        ),
+        (
+            "SentEval file malformed (an STS-B dev row cut)",
+            "simcse",
+            base + data + ["--senteval", str(senteval_bad)],
+            2,
+            True,
+        ),
+        (
+            "SentEval folder missing",
+            "simcse",
+            base + data + ["--senteval", str(tmp / "nowhere")],
+            2,
+            True,
+        ),
+        (
+            "model folder missing",
+            "simcse",
+            base + data + ["--model", str(tmp / "nomodel")],
+            2,
+            True,
+        ),
+        (
+            "model: no config.json",
+            "simcse",
+            base + data + ["--model", models["no_config"]],
+            2,
+            True,
+        ),
+        ("model: no vocab.txt", "simcse", base + data + ["--model", models["no_vocab"]], 2, True),
+        (
+            "model: no weights file",
+            "simcse",
+            base + data + ["--model", models["no_weights"]],
+            2,
+            True,
+        ),
+        (
+            "model: vocab.txt larger than the embedding rows",
+            "simcse",
+            base + data + ["--model", models["big_vocab"]],
+            2,
+            True,
+        ),
+        (
+            "model: config.json positions disagree with the tensors",
+            "simcse",
+            base + data + ["--model", models["positions"]],
+            2,
+            True,
+        ),
+        (
+            "model: config.json sizes bigger than the weights",
+            "simcse",
+            base + data + ["--model", models["width"]],
+            2,
+            True,
+        ),
+        (
+            "model: heads do not divide the width",
+            "simcse",
+            base + data + ["--model", models["heads"]],
+            2,
+            True,
+        ),
+        (
+            "model: config.json not JSON",
+            "simcse",
+            base + data + ["--model", models["json"]],
+            2,
+            True,
+        ),
+        (
+            "model: model.safetensors truncated",
+            "simcse",
+            base + data + ["--model", models["truncated"]],
+            2,
+            True,
+        ),
+        (
+            "model: model.safetensors header garbage",
+            "simcse",
+            base + data + ["--model", models["garbage"]],
+            2,
+            True,
+        ),
+        (
+            "--max_len beyond the model's positions",
+            "simcse",
+            base + data + ["--max_len", "100"],
+            2,
+            True,
+        ),
+        ("--device cuda without a GPU", "simcse", base + data + ["--device", "cuda"], 2, True),
+        (
+            "--precision fp8 (no such precision)",
+            "simcse",
+            base + data + ["--precision", "fp8"],
+            2,
+            True,
+        ),
+        ("--lr abc (not a number)", "simcse", base + data + ["--lr", "abc"], 2, True),
+        (
+            "data is a FIFO (would never end)",
+            "simcse",
+            base + ["--data", str(tmp / "fifo")],
+            2,
+            True,
+        ),
+        (
+            "data is a character device (/dev/zero)",
+            "simcse",
+            base + ["--data", "/dev/zero"],
+            2,
+            True,
+        ),
+        ("data is a symlink loop", "simcse", base + ["--data", str(tmp / "loop")], 2, True),
+        (
+            "data: .CSV with a BOM, a header, quoted commas and newlines (not an error)",
+            "simcse",
+            base[:-1] + [str(tmp / "out_csv"), "--data", str(tmp / "NLI.CSV")],
+            0,
+            False,
+        ),
+        (
+            "data: lines of zero-width or control characters only (skipped, not an error)",
+            "simcse",
+            base[:-1] + [str(tmp / "out_zw"), "--data", str(tmp / "zero_width.txt")],
+            0,
+            False,
+        ),
+        (
+            "--senteval is a file",
+            "simcse",
+            base + data + ["--senteval", str(tmp / "a_file")],
+            2,
+            True,
+        ),
+        (
+            "--senteval is a symlink loop",
+            "simcse",
+            base + data + ["--senteval", str(tmp / "loop")],
+            2,
+            True,
+        ),
+        (
+            "model: config.json model_type xlm-roberta",
+            "simcse",
+            base + data + ["--model", models["xlmr"]],
+            2,
+            True,
+        ),
+        (
+            'model: config.json hidden_size "32" (a string)',
+            "simcse",
+            base + data + ["--model", models["string"]],
+            2,
+            True,
+        ),
+        (
+            "model: config.json layer_norm_eps a string",
+            "simcse",
+            base + data + ["--model", models["eps"]],
+            2,
+            True,
+        ),
+        (
+            'model: tokenizer_config.json do_lower_case "false" (a string)',
+            "simcse",
+            base + data + ["--model", models["lower"]],
+            2,
+            True,
+        ),
+        (
+            "model: pytorch_model.bin is a training checkpoint",
+            "simcse",
+            base + data + ["--model", models["trainer_bin"]],
+            2,
+            True,
+        ),
+        (
+            "diffcse: --generator vocab.txt larger than its embedding rows",
+            "diffcse",
+            base + data + ["--generator", models["small_generator"]],
+            2,
+            True,
+        ),
+        (
+            "--out_dir inside a file",
+            "simcse",
+            base[:-1] + [str(tmp / "a_file" / "out")] + data,
+            2,
+            False,
+        ),
+        (
+            "torchrun environment incomplete (WORLD_SIZE alone)",
+            "simcse",
+            base + data,
+            2,
+            True,
+            {"env": {"WORLD_SIZE": "2"}},
+        ),
+        (
+            "eval: --batch_size -1",
+            "common",
+            [
+                "eval",
+                "--model",
+                world["model"],
+                "--senteval",
+                world["senteval"],
+                "--device",
+                "cpu",
+                "--batch_size",
+                "-1",
+            ],
+            2,
+            True,
+        ),
+        (
+            "eval: --json inside a file",
+            "common",
+            [
+                "eval",
+                "--model",
+                world["model"],
+                "--senteval",
+                world["senteval"],
+                "--device",
+                "cpu",
+                "--json",
+                str(tmp / "a_file" / "x.json"),
+            ],
+            2,
+            True,
+        ),
+        (
+            "analyze: --out inside a file",
+            "common",
+            [
+                "analyze",
+                "--model",
+                world["model"],
+                "--senteval",
+                world["senteval"],
+                "--device",
+                "cpu",
+                "--out",
+                str(tmp / "a_file" / "x"),
+            ],
+            2,
+            True,
+        ),
+        (
+            "analyze: --batch_size 0",
+            "common",
+            [
+                "analyze",
+                "--model",
+                world["model"],
+                "--senteval",
+                world["senteval"],
+                "--device",
+                "cpu",
+                "--batch_size",
+                "0",
+                "--out",
+                str(tmp / "an"),
+            ],
+            2,
+            True,
+        ),
+    ]
+    for flag, value in [("batch_size", "1"), ("lr", "0"), ("lr", "nan"), ("temp", "0"), ("dropout",
+                                                                                         "1"),
+                        ("max_len", "2"), ("epochs", "0"), ("eval_every", "0"), ("save_every",
+                                                                                 "-1"),
+                        ("seed", "-1"), ("max_steps", "-5")]:
+        c.append((f"--{flag} {value}", "simcse", base + data + [f"--{flag}", value], 2, True))
+    for script, flag, value in [("esimcse", "dup_rate", "2"), ("esimcse", "queue_size", "-1"),
+                                ("esimcse", "momentum", "1.5"), ("simcsepp", "temp_dcl", "0"),
+                                ("simcsepp", "m", "-1"), ("diffcse", "mask_ratio", "1.5"),
+                                ("diffcse", "lambda_rtd", "-1")]:
+        c.append((f"{script}: --{flag} {value}", script, base + data + [f"--{flag}", value], 2,
+                  True))
+    c += [
+        ("--out_dir is a file", "simcse", base[:-1] + [str(tmp / "a_file")] + data, 2, False),
+        ("--out_dir holds a finished run", "simcse", base[:-1] + [str(done)] + data, 2, False),
+        (
+            "--out_dir holds an unfinished run",
+            "simcse",
+            base[:-1] + ["UNFINISHED"] + data,
+            2,
+            False,
+        ),
+        ("--resume of a finished run", "simcse", base + data + ["--resume", str(done)], 0, True),
+        (
+            "--resume of a missing folder",
+            "simcse",
+            base + data + ["--resume", str(tmp / "nowhere")],
+            2,
+            True,
+        ),
+        (
+            "--resume of a folder without a checkpoint",
+            "simcse",
+            base + data + ["--resume", str(tmp / "adir")],
+            2,
+            True,
+        ),
+        (
+            "--resume with a flag that contradicts the run",
+            "simcse",
+            data + ["--resume", "UNFINISHED", "--lr", "1e-3"],
+            2,
+            False,
+        ),
+        (
+            "--resume of a SimCSE run by ESimCSE",
+            "esimcse",
+            data + ["--resume", "UNFINISHED"],
+            2,
+            False,
+        ),
+        ("--resume with a corrupt checkpoint.pt", "simcse", ["--resume", "CORRUPT"], 2, False),
+        (
+            "--resume and --overwrite together",
+            "simcse",
+            base + data + ["--resume", str(done), "--overwrite", "1"],
+            2,
+            True,
+        ),
+        (
+            "non-finite loss (--temp 1e-300)",
+            "simcse",
+            base[:-1] + [str(tmp / "out_nan")] + data + ["--temp", "1e-300"],
+            3,
+            False,
+        ),
+        (
+            "--resume after the data file changed (same rows, new content)",
+            "simcse",
+            ["--resume", "EDITED_DATA"],
+            2,
+            False,
+        ),
+        (
+            '--resume of a checkpoint whose config holds lr "abc"',
+            "simcse",
+            ["--resume", "BAD_TYPE"],
+            2,
+            False,
+        ),
+        (
+            "--resume of a checkpoint whose step is 10**9",
+            "simcse",
+            ["--resume", "BAD_STEP"],
+            2,
+            False,
+        ),
+        (
+            "--resume of a checkpoint whose best state has a wrong shape",
+            "simcse",
+            ["--resume", "BAD_SHAPE"],
+            2,
+            False,
+        ),
+        (
+            "--resume of a checkpoint whose optimizer moments have a wrong shape",
+            "simcse",
+            ["--resume", "BAD_MOMENTS"],
+            2,
+            False,
+        ),
+        (
+            "a full disk (the checkpoint of the last step cannot be written)",
+            "simcse",
+            ["--resume", "FULL_DISK"],
+            2,
+            False,
+            {"fsize": 64_000},
+        ),
+        (
+            "a full disk (the final model cannot be written; the last step's checkpoint stays)",
+            "simcse",
+            ["--resume", "FULL_DISK_FINAL"],
+            2,
+            False,
+            {"fsize": 64_000},
+        ),
+        (
+            "--out_dir in use by a run that is still going (its lock held)",
+            "simcse",
+            ["--resume", "UNFINISHED"],
+            2,
+            False,
+            {"lock": "UNFINISHED"},
+        ),
+        (
+            "a corrupt token cache (rebuilt with a note, not an error)",
+            "simcse",
+            base[:-1] + [str(tmp / "out_cache"), "--data", str(tmp / "cached.txt")],
+            0,
+            False,
+        ),
+        (
+            (
+                "SentEval: every STS-B dev gold score equal (dev Spearman NaN: never best, not an"
+                " error)"
+            ),
+            "simcse",
+            base[:-1] + [str(tmp / "out_flat")] + data + ["--senteval", str(flat_dev.parents[2])],
+            0,
+            False,
+        ),
+        (
+            (
+                "model: vocab.txt with a token twice, a blank line, CRLF endings (saved as read,"
+                " not an error)"
+            ),
+            "simcse",
+            base[:-1] + [str(tmp / "out_vocab")] + data + ["--model", models["vocab_twice"]],
+            0,
+            False,
+        ),
+        (
+            "model: RoBERTa folder without vocab.json",
+            "simcse",
+            base + data + ["--model", models["bpe_no_vocab"]],
+            2,
+            True,
+        ),
+        (
+            "model: RoBERTa merges.txt with a merge that is not in vocab.json",
+            "simcse",
+            base + data + ["--model", models["bpe_bad_merge"]],
+            2,
+            True,
+        ),
+    ]
+    return c, dict(world=world, done=done, tmp=tmp)
+
+
+def training_checkpoint(folder):
+    """pytorch_model.bin as a trainer saves it: a nested dict (weights, optimizer state, step)."""
+    import torch
+    tensors = common.read_safetensors(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    torch.save({"model": tensors, "optimizer": {"lr": 1e-3}, "step": 7},
+               folder / "pytorch_model.bin")
+
+
+def roberta_folder(folder):
+    """A tiny RoBERTa with a byte-level BPE of GPT-2's first 40 merges."""
+    import torch
+    from fixtures.make_roberta_fixtures import bpe_vocab, read_merges
+    merges = read_merges()[:40]
+    tok = common.BPETokenizer(bpe_vocab(merges), merges)
+    torch.manual_seed(0)
+    cfg = common.BertConfig.tiny(vocab_size=len(tok.vocab), model_type="roberta", pad_token_id=1)
+    common.Bert(cfg).save_pretrained(folder, tok)
+    return folder
+
+
+def vocab_with_a_token_twice(folder):
+    """Two lines of vocab.txt replaced (by a token already there and a blank line), CRLF line
+    endings: the saved
+    folder must keep every line where it was (tests/test_hostile.py checks that it tokenizes the
+    same)."""
+    lines = (folder / "vocab.txt").read_text().splitlines()
+    lines[-2:] = [lines[10], ""]
+    (folder / "vocab.txt").write_bytes("".join(t + "\r\n" for t in lines).encode())
+
+
+def corrupt_token_cache(world, path):
+    """Tokenize path once into the token cache (as a run would), then cut the cache file short."""
+    import simcse_min
+    before = set(common.CACHE.glob("tokens/*.npz"))
+    tok = common.Tokenizer.from_pretrained(world["model"])
+    common.tokenize_file(tok, path, simcse_min.Config().max_len)
+    cached, = set(common.CACHE.glob("tokens/*.npz")) - before
+    cached.write_bytes(cached.read_bytes()[:100])
+
+
+def tampered(src, dst, edit):
+    """A copy of an unfinished run whose checkpoint.pt was edited (as values, re-saved)."""
+    import shutil
+    import torch
+    shutil.copytree(src, dst)
+    ckpt = torch.load(dst / "checkpoint.pt", weights_only=True)
+    edit(ckpt)
+    torch.save(ckpt, dst / "checkpoint.pt")
+    return str(dst)
+
+
+def prepare(tmp, context):
+    """The runs some cases need: a finished one, an unfinished one (checkpoint at step 2), a corrupt
+    checkpoint,
+    checkpoints edited by hand, one whose data file changed since."""
+    import shutil
+    import simcse_min
+    tmp = Path(tmp)
+    world = {k: v for k, v in context["world"].items() if k != "generator"}
+    edited = tmp / "edited.txt"
+    shutil.copy(world["data"], edited)
+    with open(os.devnull, "w") as null, __import__("contextlib").redirect_stdout(null):
+        simcse_min.train(simcse_min.Config(**world, device="cpu", batch_size=8, max_steps=2,
+                                           out_dir=str(context["done"])))
+        unfinished = unfinished_run(tmp, world)
+        edited_run = unfinished_run(tmp, {**world, "data": str(edited)}, "edited_run")
+        full_disk = unfinished_run(tmp, world, "full_disk")
+        # stopped at its last step
+        full_disk_final = unfinished_run(tmp, world, "full_disk_final", steps=2)
+    edited.write_text(edited.read_text().replace("man", "cat", 1))  # same rows, another hash
+    corrupt_token_cache(world, tmp / "cached.txt")
+    corrupt = tmp / "corrupt"
+    corrupt.mkdir(parents=True)
+    (corrupt / "checkpoint.pt").write_bytes(b"PK\x03\x04 not a whole checkpoint")
+    best = "embeddings.word_embeddings.weight"
+    return {"UNFINISHED": str(unfinished), "CORRUPT": str(corrupt), "EDITED_DATA": str(edited_run),
+            "FULL_DISK": str(full_disk), "FULL_DISK_FINAL": str(full_disk_final),
+            "BAD_TYPE": tampered(unfinished, tmp / "bad_type",
+                                 lambda c: c["config"].update(lr="abc")),
+            "BAD_STEP": tampered(unfinished, tmp / "bad_step", lambda c: c.update(step=10**9)),
+            "BAD_SHAPE": tampered(unfinished, tmp / "bad_shape", lambda c: c["best"][2].update(
+                {best: c["best"][2][best][:, :3]})),
+            "BAD_MOMENTS": tampered(unfinished, tmp / "bad_moments",
+                                    lambda c: c["objects"]["opt"]["state"][0].update(
+                exp_avg=c["objects"]["opt"]["state"][0]["exp_avg"][:, :3]))}
+
+
+def substitute(args, names):
+    return [names.get(a, a) for a in args]
+
+
+@contextlib.contextmanager
+def lock_held(names, options=None):
+    """options["lock"]: hold that run folder's lock (as its live run would) while a row runs."""
+    if "lock" not in (options or {}):
+        yield
+        return
+    with open(Path(names[options["lock"]]) / "log.txt", "a") as log:
+        fcntl.flock(log, fcntl.LOCK_EX)
+        yield
+
+
+def run_cli(script, args, options=None):
+    """The command line, in a process: -> (exit status, stderr). options: env, fsize (see the module
+    doc)."""
+    options = options or {}
+    limit = options.get("fsize")
+    proc = subprocess.run([sys.executable, "common.py" if script == "common"
+                           else f"{script}_min.py", *args],
+                          capture_output=True, text=True, cwd=TESTS.parent, timeout=300,
+                          env={**os.environ, **options.get("env", {})},
+                          preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit,
+                                                                                         limit)))
+                          if limit
+                          else None)
+    return proc.returncode, proc.stderr
+
+
+def message(stderr):
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ.setdefault("SIMCSE_CACHE", str(Path(tmp) / "cache"))
+        common.CACHE = Path(os.environ["SIMCSE_CACHE"])  # prepare() runs in this process
+        table, context = cases(tmp)
+        names = prepare(tmp, context)
+        print("| input | exit code | message |\n|---|---|---|")
+        failures = 0
+        for label, script, args, code, _, *options in table:
+            with lock_held(names, *options):
+                got, stderr = run_cli(script, substitute(args, names), *options)
+            shown = message(stderr).replace(str(tmp), "$TMP").replace("|", "\\|").replace("`", "'")
+            flag = "" if got == code and "Traceback" not in stderr else " **(unexpected)**"
+            failures += bool(flag)
+            print(f"| {label} | {got}{flag} | `{shown}` |", flush=True)
+        return failures
+
+
+if __name__ == "__main__":
+    sys.exit(1 if main() else 0)
