@@ -2,8 +2,7 @@
 variables.
 
 A test that needs them is skipped with a reason when they are not set, except in CI
-(SIMCSE_REQUIRE_DATA=1),
-where a missing path is an error, so nothing is silently skipped there.
+(SIMCSE_REQUIRE_DATA=1), where a missing path is an error, so nothing is silently skipped there.
 """
 import contextlib
 import os
@@ -69,8 +68,7 @@ def recorded_hub_files(tmp_path_factory):
 @pytest.fixture
 def hub(recorded_hub_files, tmp_path, monkeypatch):
     """The stand-in hub serving the recorded repositories; common pointed at it, with an empty cache
-    of its
-    own and an empty Hugging Face cache."""
+    of its own and an empty Hugging Face cache."""
     import common
     from fixtures.hub_facts import HUB_CACHE_ENV
     from stand_in_hub import StandInHub

@@ -1,6 +1,5 @@
 """A stand-in for huggingface.co on 127.0.0.1, built from the recorded facts in
-fixtures/hub_facts.py
-(each with its source there), never from what common.py expects:
+fixtures/hub_facts.py (each with its source there), never from what common.py expects:
 
 - the hub answers HEAD and GET on /{repo_id}/resolve/{revision}/{filename} (datasets:
 /datasets/...):

@@ -1,8 +1,7 @@
 """Embedding-space analysis: alignment, uniformity and singular values against answers known in
-closed form or by
-numerical integration, the per-group statistics against numpy, the SVG writer through an XML parser,
-the training
-log's alignment/uniformity, and `common.py analyze` end to end on a tiny BERT."""
+closed form or by numerical integration, the per-group statistics against numpy, the SVG writer
+through an XML parser, the training log's alignment/uniformity, and `common.py analyze` end to end
+on a tiny BERT."""
 import json
 import math
 import xml.etree.ElementTree as ET

@@ -5,9 +5,9 @@ recompiles
 (ESimCSE's views are padded to max_len + 9; DiffCSE's RTD loss ignores the padding past the longest
 sentence).
 
-Inductor draws dropout masks with its own generator; `fallback_random` makes it draw them as eager
-PyTorch does,
-so the two steps see the same masks. About 10 s of compilation per method on 2 cores (one layer)."""
+Inductor draws dropout masks with its own generator; `fallback_random` makes it draw them as
+eager PyTorch does, so the two steps see the same masks. About 10 s of compilation per method on 2
+cores (one layer)."""
 import collections
 import copy
 import importlib

@@ -1,10 +1,8 @@
 """DiffCSE's generator is DistilBERT run in train mode (its dropout on [official code]): it must
-compute as Hugging
-Face's DistilBertForMaskedLM in eval mode, and drop out where DistilBERT does in train mode, which
-is not where BERT
-does (no dropout after the attention output). Reference: tests/fixtures/distilbert_ref.npz, made by
-make_distilbert_fixtures.py with transformers 4.46.3 (weights regenerated here from numpy's
-RandomState)."""
+compute as Hugging Face's DistilBertForMaskedLM in eval mode, and drop out where DistilBERT does in
+train mode, which is not where BERT does (no dropout after the attention output). Reference:
+tests/fixtures/distilbert_ref.npz, made by make_distilbert_fixtures.py with transformers 4.46.3
+(weights regenerated here from numpy's RandomState)."""
 import json
 
 import numpy as np
@@ -50,8 +48,8 @@ def test_generator_logits_equal_hugging_face_distilbert_in_eval_mode(distilbert)
 
 def our_dropout_sites(model, ids, mask, monkeypatch):
     """One train-mode forward pass -> [[kind, p], ...]: nn.Dropout calls ('hidden') and the
-    attention-probability
-    dropout that scaled_dot_product_attention applies ('probs', when its dropout_p > 0)."""
+    attention-probability dropout that scaled_dot_product_attention applies ('probs', when its
+    dropout_p > 0)."""
     sites, real_sdpa = [], F.scaled_dot_product_attention
 
     def sdpa(*args, dropout_p=0.0, **kw):

@@ -1,16 +1,9 @@
 """Downloads against the stand-in hub (stand_in_hub.py), which answers as the real hub is recorded
-to answer
-(fixtures/hub_facts.py): a large file is a 302 to a CDN on another host, its SHA-256 and size stated
-in the hub's
-own answer only; the CDN's ETag is no SHA-256; a renamed repository redirects relatively; errors
-carry X-Error-Code.
-Every known model name fetches files its repository really holds, and the Hugging Face cache is used
-in place."""
-import hashlib
-import os
-import io
+to answer (fixtures/hub_facts.py): a large file is a 302 to a CDN on another host, its SHA-256 and
+size stated in the hub's own answer only; the CDN's ETag is no SHA-256; a renamed repository
+redirects relatively; errors carry X-Error-Code. Every known model name fetches files its repository
+really holds, and the Hugging Face cache is used in place."""
 import socket
-import tarfile
 
 import pytest
 
@@ -100,8 +93,8 @@ def test_bytes_that_differ_from_the_stated_sha256_are_deleted(blob_hub, tmp_path
 
 def test_the_cdns_etag_is_never_taken_for_a_sha256(blob_hub, tmp_path):
     """The CDN's ETag is 64 hex digits (the Xet hash) but not the SHA-256 [hub_facts.CDN_FILE];
-    where the hub
-    states no X-Linked-Etag there is nothing to check, and the file is not called corrupt."""
+    where the hub states no X-Linked-Etag there is nothing to check, and the file is not called
+    corrupt."""
     blob_hub.unstated.add(NAME)
     assert common.download(url(blob_hub), tmp_path / "model.safetensors").read_bytes() == BLOB
 
@@ -137,9 +130,8 @@ def test_offline_message(tmp_path):
 @pytest.mark.parametrize("name", list(common.KNOWN_MODELS))
 def test_every_known_name_fetches_files_its_repository_holds(name, hub):
     """Through the renamed repository's redirect where the name is an old one; each file one the
-    recorded
-    repository holds; the model and tokenizer load from what arrived, and a second load asks
-    nothing."""
+    recorded repository holds; the model and tokenizer load from what arrived, and a second load
+    asks nothing."""
     repo = facts.RENAMED.get(name, name)
     held = [f.removesuffix(":L") for f in facts.MODEL_FILES[repo]]
     assert set(common.KNOWN_MODELS[name]) <= set(held), "a file the repository does not hold"
@@ -159,124 +151,3 @@ def test_every_known_name_fetches_files_its_repository_holds(name, hub):
     n = len(hub.requests)
     common.Bert.from_pretrained(name, mlm_head=kind is not None)
     assert len(hub.requests) == n
-
-
-def hf_cache_snapshot(hub_cache, name, files):
-    """A snapshot as huggingface_hub writes it [hub_facts, cache]: blobs/<etag>,
-    snapshots/<commit>/<file> a
-    relative symlink to ../../blobs/<etag>, refs/main holding the commit without a newline."""
-    repo, commit = hub_cache / ("models--" + name.replace("/", "--")), "a" * 40
-    for f, data in files.items():
-        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        blob.write_bytes(data)
-        (repo / "snapshots" / commit).mkdir(parents=True, exist_ok=True)
-        os.symlink(os.path.join("..", "..", "blobs", blob.name), repo / "snapshots" / commit / f)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(commit)
-    return repo / "snapshots" / commit
-
-
-@pytest.mark.parametrize("variable", ["HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME",
-                                      "XDG_CACHE_HOME"])
-def test_a_model_in_the_hugging_face_cache_is_used_in_place(variable, hub, tmp_path, monkeypatch):
-    """Where huggingface_hub would have put it, for each way its location is set; nothing is
-    downloaded."""
-    monkeypatch.delenv("HF_HUB_CACHE")
-    base = tmp_path / variable
-    monkeypatch.setenv(variable, str(base))
-    hub_dir = {"HF_HOME": base / "hub",
-               "XDG_CACHE_HOME": base / "huggingface" / "hub"}.get(variable, base)
-    files = {f: hub.files[f"google-bert/bert-base-uncased/{f}"] for f
-             in common.KNOWN_MODELS["bert-base-uncased"]}
-    snapshot = hf_cache_snapshot(hub_dir, "bert-base-uncased", files)
-    assert common.resolve_model("bert-base-uncased") == snapshot
-    common.Bert.from_pretrained("bert-base-uncased")
-    assert hub.requests == [] and not common.CACHE.exists()
-
-
-def test_a_name_with_glob_characters_matches_only_itself(hub, tmp_path):
-    files = {f: hub.files[f"google-bert/bert-base-uncased/{f}"] for f
-             in common.KNOWN_MODELS["bert-base-uncased"]}
-    hf_cache_snapshot(common.hub_cache(), "bert-base-uncased", files)
-    for name in ("bert-*", "bert-base-uncase?", "[b]ert-base-uncased"):
-        with pytest.raises(common.UserError, match="neither a folder nor a known name"):
-            common.resolve_model(name)
-    assert hub.requests == []
-
-
-@pytest.mark.parametrize("where", ["a file", "/sys/simcse-cache"], ids=["file", "unwritable"])
-def test_simcse_cache_that_is_a_file_or_unwritable_is_one_line(where, hub, tmp_path, monkeypatch):
-    """/sys refuses a new folder even to root (chmod does not stop root, and CI runs as root)."""
-    (tmp_path / "a file").write_text("")
-    monkeypatch.setattr(common, "CACHE", tmp_path / where)
-    with pytest.raises(common.UserError, match="SIMCSE_CACHE .* must name a writable folder"):
-        common.resolve_model("bert-base-uncased")
-    with pytest.raises(common.UserError, match="SIMCSE_CACHE"):
-        common.download_senteval()
-    assert (tmp_path / "a file").read_text() == "" and not os.path.exists("/sys/simcse-cache")
-
-
-# --- senteval.tar ---------------------------------------------------------------------------------
-
-def test_the_recorded_senteval_tar_unpacks_every_task_we_read(hub):
-    """Members at the top (STS/..., CR/...), as the real tar holds them: the STS table's and the
-    transfer
-    tasks' folders land under downstream/, SNLI is left out, no temporary folder stays."""
-    root = common.download_senteval()
-    assert root == common.CACHE / "senteval" / "downstream"
-    common.check_senteval(root, "test"), common.check_senteval(root, "dev")
-    wanted = [m for m in facts.SENTEVAL_MEMBERS if not m.endswith("/") and m.split("/")[0]
-              in common.SENTEVAL_TASKS]
-    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
-                  if p.is_file()) == sorted(wanted)
-    assert sorted(p.name for p in root.parent.iterdir()) == ["downstream"]
-    assert common.load_sts(root, "test")["STS12"]
-
-
-def tar_of(members):
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            if data is None:
-                info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
-            else:
-                info.size = len(data)
-            tar.addfile(info, io.BytesIO(data or b""))
-    return out.getvalue()
-
-
-def repacked(prefix, hub):
-    """The recorded members' contents (as the stand-in serves them), re-packed under prefix."""
-    with tarfile.open(fileobj=io.BytesIO(hub.files[TAR])) as tar:
-        return [(prefix + m.name, tar.extractfile(m).read()) for m in tar if m.isfile()]
-
-
-@pytest.mark.parametrize("prefix", ["downstream/", "SentEval/data/downstream/", "./"])
-def test_a_repacked_senteval_tar_works_too(prefix, hub):
-    members = repacked(prefix, hub)
-    hub.files[TAR] = tar_of(members)
-    root = common.download_senteval()
-    common.check_senteval(root, "test")
-    assert (root / "CR" / "custrev.pos").is_file() and not (root / "SNLI").exists()
-
-
-@pytest.mark.parametrize("hostile", ["../escaped.txt", "/tmp/escaped.txt", "STS/../../escaped.txt",
-                                     "STS/link"], ids=["dotdot", "absolute", "inner-dotdot",
-                                                       "symlink"])
-def test_members_that_would_escape_are_refused(hostile, hub, tmp_path):
-    members = repacked("", hub) + [(hostile, None if hostile.endswith("link") else b"x")]
-    hub.files[TAR] = tar_of(members)
-    with pytest.raises(common.UserError, match="refusing this archive"):
-        common.download_senteval()
-    assert not (common.CACHE / "senteval" / "downstream").exists()
-    assert list((common.CACHE / "senteval").iterdir()) == []  # no half-unpacked folder
-    assert not (tmp_path / "escaped.txt").exists() and not os.path.exists("/tmp/escaped.txt")
-
-
-def test_a_tar_without_sts_is_one_line(hub):
-    hub.files[TAR] = tar_of([("README", b"x")])
-    with pytest.raises(common.UserError, match="holds no STS/ folder"):
-        common.download_senteval()
-

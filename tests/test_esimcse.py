@@ -1,6 +1,6 @@
 """ESimCSE: the queue loss against a float64 loop oracle of Eq. 6 and gradcheck, sub-word repetition
-against the
-official length rule, and one training step's momentum update and queue, on a tiny BERT."""
+against the official length rule, and one training step's momentum update and queue, on a tiny
+BERT."""
 import collections
 import dataclasses
 import itertools

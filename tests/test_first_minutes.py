@@ -1,9 +1,7 @@
 """A newcomer's first minutes: boolean flags as bare switches, every input problem reported at once
-before any
-work, `wiki1m.txt` fetched once into the cache, a failed download that leaves no empty folder and
-names the flag,
-losses upcast to at least float32 (float64 stays float64), and --help that runs. Local servers only
-(127.0.0.1)."""
+before any work, `wiki1m.txt` fetched once into the cache, a failed download that leaves no empty
+folder and names the flag, losses upcast to at least float32 (float64 stays float64), and --help
+that runs. Local servers only (127.0.0.1)."""
 import collections
 import copy
 import random

@@ -1,12 +1,9 @@
 """The first run on a fresh machine: an empty home (no ~/.cache, no Hugging Face cache, no
-SIMCSE_CACHE), the
-project's files in an empty folder as a clone leaves them, and HF_ENDPOINT pointing at the stand-in
-hub, which
-serves what the real hub holds (fixtures/hub_facts.py, files cut small). The README's commands run
-as written,
-in subprocesses: the quick start, the four mission commands, `download senteval` and `eval` of a
-known name.
-Afterwards the cache holds complete files only, each equal to what the hub served."""
+SIMCSE_CACHE), the project's files in an empty folder as a clone leaves them, and HF_ENDPOINT
+pointing at the stand-in hub, which serves what the real hub holds (fixtures/hub_facts.py, files cut
+small). The README's commands run as written, in subprocesses: the quick start, the four mission
+commands, `download senteval` and `eval` of a known name. Afterwards the cache holds complete files
+only, each equal to what the hub served."""
 import io
 import os
 import re
@@ -65,8 +62,8 @@ def machine(recorded_hub_files, tmp_path_factory):
 
 def assert_cache_complete(home, hub):
     """Nothing in ~/.cache but complete files: no .part, no half-unpacked folder; each download
-    equal to what
-    the hub served; each unpacked SentEval file equal to its member of senteval.tar."""
+    equal to what the hub served; each unpacked SentEval file equal to its member of
+    senteval.tar."""
     cache = home / ".cache" / "simcse-min"
     left = [p for p in home.rglob("*") if p.name.endswith(".part")
             or p.name.startswith(".unpacking")]

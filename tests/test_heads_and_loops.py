@@ -1,10 +1,8 @@
 """Each method's head and the parts of its loop that live in train(), checked for what they are
-named:
-SimCSE's Linear + tanh head as the official code initialises it; DiffCSE's BatchNorm projector (ReLU
-between,
-no learnable scale at the end) and its generator left in train mode; ESimCSE's queue (bounded by
-queue_size,
-emptied at each epoch) and its momentum encoder (moved after every optimizer step)."""
+named: SimCSE's Linear + tanh head as the official code initialises it; DiffCSE's BatchNorm
+projector (ReLU between, no learnable scale at the end) and its generator left in train mode;
+ESimCSE's queue (bounded by queue_size, emptied at each epoch) and its momentum encoder (moved after
+every optimizer step)."""
 import dataclasses
 
 import torch
@@ -62,8 +60,7 @@ def run_recording(module, tmp_path, monkeypatch, record, **kw):
 def test_esimcse_queue_is_bounded_emptied_each_epoch_and_momentum_moves_after_each_step(tmp_path,
                                                                                       monkeypatch):
     """48 rows, batch 8: 6 steps an epoch; queue_size 16 holds two batches at most and starts empty
-    each
-    epoch [official code]; the momentum encoder differs from one step to the next."""
+    each epoch [official code]; the momentum encoder differs from one step to the next."""
     def record(model, head, ids, mask, cfg, momentum, queue, rng):
         return len(queue), queue.maxlen, [p.detach().clone() for p in momentum.parameters()]
     seen = run_recording(esimcse_min, tmp_path, monkeypatch, record, queue_size=16, epochs=2,

@@ -1,10 +1,8 @@
 """Nothing lost, nothing silently wrong (issue 17), beyond the command-line table of
-tests/tools/bad_inputs.py: a dev score
-that is not a number never selects the model, every JSON is strict, a saved vocab.txt tokenizes as
-its source did, a
-corrupt token cache is rebuilt, CSV is parsed as CSV, rows without a token are skipped and counted,
-and written files
-get the user's usual permissions."""
+tests/tools/bad_inputs.py: a dev score that is not a number never selects the model, every JSON is
+strict, a saved vocab.txt tokenizes as its source did, a corrupt token cache is rebuilt, CSV is
+parsed as CSV, rows without a token are skipped and counted, and written files get the user's usual
+permissions."""
 import json
 import math
 
@@ -45,8 +43,7 @@ def test_a_dev_score_that_is_not_a_number_is_never_best(scores, world, tmp_path,
 
 def test_a_saved_vocab_tokenizes_as_its_source(tmp_path):
     """vocab.txt with a token twice, a blank line and CRLF endings: ids are line numbers, so the
-    saved folder
-    keeps every line where it was (the shadowed duplicate as a blank line)."""
+    saved folder keeps every line where it was (the shadowed duplicate as a blank line)."""
     from tiny_world import make_vocab
     words = make_vocab()
     lines = words[:10] + ["man", ""] + words[10:]  # "man" again (WORDS has it), then a blank line

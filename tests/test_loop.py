@@ -1,10 +1,8 @@
 """The loop pieces, each checked for the property it is named for, directly: the optimizer is the
-official AdamW
-(betas, eps, no weight decay) with a linear decay that ends at 0; a gradient above 1.0 is cut to 1.0
-before the
-step; the gradients are cleared after it; each epoch draws its own order of full batches from the
-seed; a later,
-worse evaluation never replaces the best model, which is the model saved and tested."""
+official AdamW (betas, eps, no weight decay) with a linear decay that ends at 0; a gradient above
+1.0 is cut to 1.0 before the step; the gradients are cleared after it; each epoch draws its own
+order of full batches from the seed; a later, worse evaluation never replaces the best model, which
+is the model saved and tested."""
 import math
 
 import pytest
@@ -32,8 +30,7 @@ def test_adamw_as_the_official_trainer_sets_it_decaying_linearly_to_zero():
 
 def grad_norms_at_the_step(scale):
     """One optimizer_step on a loss whose gradient norm is `scale` -> (gradient norm the optimizer
-    saw, grads after,
-    lr after)."""
+    saw, grads after, lr after)."""
     p = torch.nn.Parameter(torch.zeros(4))
     opt, sched = common.make_optimizer([p], 1e-3, 10, CPU)
     seen = []

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import common
-from test_resume import assert_same_run, signals_after_step
+from test_resume import assert_same_run
+from test_signals import signals_after_step
 from tiny_world import make_world
 
 CUDA = torch.device("cuda")  # a device object only: nothing here touches a GPU
@@ -69,8 +70,8 @@ def tiny_step(precision, scale_loss=1.0):
 
 def test_fp16_scaler_unscales_before_clipping():
     """The scale is a power of two, so unscaled gradients are the fp32 ones exactly: the same
-    clipped step. Clipping
-    the scaled gradients (norm ~62 x 65536) before unscaling would shrink the step 65536-fold."""
+    clipped step. Clipping the scaled gradients (norm ~62 x 65536) before unscaling would shrink the
+    step 65536-fold."""
     fp32, _, _ = tiny_step("fp32")
     fp16, amp, _ = tiny_step("fp16")
     assert amp.scaler.is_enabled() and amp.scaler.get_scale() == 65536.0 and amp.skipped == 0
@@ -139,9 +140,8 @@ def edit_checkpoint(out, edit):
 def test_a_cuda_checkpoint_resumes_on_the_cpu_with_notes_and_a_deterministic_reseed(world, tmp_path,
                                                                                     monkeypatch):
     """What a DiffCSE run on two visible GPUs saves: two CUDA generator states and a 16-byte CUDA
-    masking-generator
-    state (a CPU generator's is 5,056 bytes; set_state refused it). On the CPU: notes, and the same
-    result twice."""
+    masking-generator state (a CPU generator's is 5,056 bytes; set_state refused it). On the CPU:
+    notes, and the same result twice."""
     module = importlib.import_module("diffcse_min")
     stop_after(monkeypatch, module, flags(world, tmp_path / "a", "diffcse"), 4)
 

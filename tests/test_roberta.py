@@ -1,32 +1,23 @@
 """RoBERTa (issue 18): byte-level BPE with the ids of Hugging Face's RobertaTokenizer, RoBERTa and a
 DistilRoBERTa-shaped masked LM in our Bert with the outputs of RobertaModel / RobertaForMaskedLM,
-saved folders in
-Hugging Face's layout, and every method training on a tiny RoBERTa.
+saved folders in Hugging Face's layout, and every method training on a tiny RoBERTa.
 
 The references are in tests/fixtures (made by tests/fixtures/make_roberta_fixtures.py, the only
-place transformers
-is imported): GPT-2's real 50,000 merges (= roberta-base's merges.txt), the slow RobertaTokenizer's
-ids on hard
-strings and on every STS, SICK and wiki sentence (digests), and two tiny models' outputs, whose
-weights both sides
-draw from numpy's RandomState."""
-import dataclasses
-import importlib
+place transformers is imported): GPT-2's real 50,000 merges (= roberta-base's merges.txt), the slow
+RobertaTokenizer's ids on hard strings and on every STS, SICK and wiki sentence (digests), and two
+tiny models' outputs, whose weights both sides draw from numpy's RandomState."""
 import json
-import math
-import unicodedata
 
 import numpy as np
 import pytest
 import torch
 
 import common
+import unicodedata
 from conftest import FIXTURES
 from fixtures.make_roberta_fixtures import (CONFIG_BASE, CONFIG_MLM, bpe_folder, bpe_vocab,
-                                            read_merges,
                                             reference_weights)
 from test_tokenizer import corpus_sentences, digest
-from tiny_world import make_senteval, sentence
 
 REF = json.loads((FIXTURES / "roberta_tokenizer_ref.json").read_text(encoding="utf-8"))
 MODEL_REF = np.load(FIXTURES / "roberta_model_ref.npz")
@@ -69,8 +60,8 @@ def test_every_corpus_sentence_matches_hugging_face(gpt2, senteval_dir, wiki_pat
 
 def test_letter_and_number_classes_are_the_unicode_categories():
     """\\p{L} and \\p{N} rebuilt from unicodedata: a letter (number) joins the run before it,
-    nothing else does, for
-    every code point; \\s is White_Space (\\x1c-\\x1f are not spaces, unlike re's \\s)."""
+    nothing else does, for every code point; \\s is White_Space (\\x1c-\\x1f are not spaces, unlike
+    re's \\s)."""
     pattern = common.gpt2_pattern()
     for cp in range(0x110000):
         c, cat = chr(cp), unicodedata.category(chr(cp))
@@ -84,8 +75,8 @@ def test_letter_and_number_classes_are_the_unicode_categories():
 
 def test_bpe_merges_every_occurrence_by_rank():
     """GPT-2 joins every occurrence of the best pair in one pass: 'abab' -> ab ab, though (ab a)
-    ranks first
-    (merging one occurrence at a time would give aba b); and (a b) before (b c), by rank."""
+    ranks first (merging one occurrence at a time would give aba b); and (a b) before (b c), by
+    rank."""
     merges = [("ab", "a"), ("a", "b"), ("b", "c")]
     tok = common.BPETokenizer(bpe_vocab(merges), merges)
     v = tok.vocab
@@ -130,81 +121,3 @@ def test_distilroberta_shaped_mlm_matches_hugging_face(roberta_folders):
     ids, mask = torch.from_numpy(MODEL_REF["ids"]), torch.from_numpy(MODEL_REF["mask"])
     logits = model.mlm_logits(model(ids, mask))
     assert (logits - torch.from_numpy(MODEL_REF["logits"])).abs().max() < 1e-5
-
-
-@pytest.mark.parametrize("which", [0, 1])
-def test_saved_folder_has_hugging_face_names_and_reloads(roberta_folders, which, tmp_path):
-    """Our folder holds the tensors of Hugging Face's (pooler aside), and config/tokenizer files it
-    reads."""
-    src = roberta_folders[which]
-    merges = read_merges()[:50]
-    tok = common.BPETokenizer(bpe_vocab(merges), merges)
-    model = common.Bert.from_pretrained(src, mlm_head=bool(which), quiet=True).eval()
-    model.save_pretrained(tmp_path / "ours", tok)
-    theirs, ours = (common.read_safetensors(f / "model.safetensors") for f in (src,
-                                                                               tmp_path / "ours"))
-    saved_by_hf = set(json.loads(str(MODEL_REF["saved_mlm" if which else "saved_base"])))
-    # for transformers 4.x, which ties from it
-    decoder_bias = {"lm_head.decoder.bias"} if which else set()
-    assert set(ours) == {k for k in saved_by_hf if not k.startswith("pooler.")} | decoder_bias
-    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
-    config = json.loads((tmp_path / "ours" / "config.json").read_text())
-    assert config["model_type"] == "roberta" and config["architectures"] == [
-        "RobertaForMaskedLM" if which else "RobertaModel"]
-    # RobertaConfig's defaults, 0 and 2, as in the fixture
-    unwritten = ("bos_token_id", "eos_token_id")
-    assert all(config[k] == v for k, v in (CONFIG_MLM if which else CONFIG_BASE).items() if k not
-               in unwritten)
-    again = common.Tokenizer.from_pretrained(tmp_path / "ours")
-    assert (again.vocab, again.merges) == (tok.vocab, tok.merges)
-    tokenizer_config = json.loads((tmp_path / "ours" / "tokenizer_config.json").read_text())
-    assert tokenizer_config["tokenizer_class"] == "RobertaTokenizer"
-    assert tokenizer_config["model_max_length"] == 38
-    reloaded = common.Bert.from_pretrained(tmp_path / "ours", mlm_head=bool(which)).eval()
-    ids, mask = torch.from_numpy(MODEL_REF["ids"]), torch.from_numpy(MODEL_REF["mask"])
-    with torch.no_grad():
-        assert torch.equal(reloaded(ids, mask), model(ids, mask))
-
-
-def test_max_len_counts_the_position_offset(roberta_folders):
-    model = common.Bert.from_pretrained(roberta_folders[0], quiet=True)
-    assert model.cfg.max_tokens == CONFIG_BASE["max_position_embeddings"] - 2
-    common.check_positions(model, 38)
-    with pytest.raises(common.UserError, match="exceeds the model's 38 positions"):
-        common.check_positions(model, 39)
-
-
-def roberta_world(tmp):
-    """The tiny world of tiny_world.make_world with a 2-layer RoBERTa, a BPE of GPT-2's first 300
-    merges and a
-    DistilRoBERTa-shaped generator with an MLM head."""
-    import random
-    merges = read_merges()[:300]
-    tok = common.BPETokenizer(bpe_vocab(merges), merges)
-    for name, mlm_head in [("model", False), ("generator", True)]:
-        torch.manual_seed(len(name))
-        cfg = common.BertConfig.tiny(vocab_size=len(tok.vocab), model_type="roberta",
-                                     pad_token_id=1,
-                                     type_vocab_size=1, max_position_embeddings=66,
-                                     layer_norm_eps=1e-5)
-        common.Bert(cfg, mlm_head=mlm_head).save_pretrained(tmp / name, tok)
-    rng = random.Random(1)
-    # 12 steps
-    (tmp / "train.txt").write_text("".join(sentence(rng).capitalize() + "\n" for _ in range(192)))
-    return dict(model=str(tmp / "model"), generator=str(tmp / "generator"),
-                data=str(tmp / "train.txt"),
-                senteval=str(make_senteval(tmp / "senteval")))
-
-
-@pytest.mark.parametrize("method", ["simcse", "esimcse", "simcsepp", "diffcse"])
-def test_each_method_trains_on_a_tiny_roberta(method, tmp_path):
-    module = importlib.import_module(f"{method}_min")
-    world = roberta_world(tmp_path)
-    fields = {f.name for f in dataclasses.fields(module.Config)}
-    values = dict(world, device="cpu", batch_size=16, max_steps=12, eval_every=1, lr=1e-3,
-                  out_dir=str(tmp_path / "out"))
-    results = module.train(module.Config(**{k: v for k, v in values.items() if k in fields}))
-    losses = [s["loss"] for _, s in results["stats_history"][1:]]
-    assert all(map(math.isfinite, losses)) and np.mean(losses[-3:]) < np.mean(losses[:3]), losses
-    assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "roberta"
-    assert isinstance(common.Tokenizer.from_pretrained(tmp_path / "out"), common.BPETokenizer)

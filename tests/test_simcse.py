@@ -112,9 +112,8 @@ def test_loss_falls_on_a_repeated_batch():
 
 def test_loss_math_runs_in_fp32_under_bf16_autocast(monkeypatch):
     # DESIGN: bf16 autocast for the encoder, the similarity/softmax math in fp32. Under autocast a
-    # matmul of fp32
-    # tensors still runs in bf16, so train_step must switch autocast off around loss_fn, not only
-    # upcast.
+    # matmul of fp32 tensors still runs in bf16, so train_step must switch autocast off around
+    # loss_fn, not only upcast.
     import simcse_min
     tok, seen = tokenizer(), {}
     model, head = common.Bert(common.BertConfig.tiny(vocab_size=len(tok.vocab))), MLPHead(32)

@@ -1,6 +1,6 @@
 """SimCSE++: the two sub-losses against float64 loop oracles of their formulas, gradcheck, the
-identities that tie
-them to SimCSE, and the dropout-off pass (really no dropout, with gradient, modes restored)."""
+identities that tie them to SimCSE, and the dropout-off pass (really no dropout, with gradient,
+modes restored)."""
 import pytest
 import torch
 import torch.nn as nn

@@ -1,7 +1,6 @@
 """Every method end to end on a tiny BERT, a 48-sentence file and a tiny SentEval folder: a few CPU
-steps,
-finite numbers, results.json, and a saved model that reloads and gives the vectors the evaluation
-used."""
+steps, finite numbers, results.json, and a saved model that reloads and gives the vectors the
+evaluation used."""
 import dataclasses
 import importlib
 import json

@@ -1,7 +1,6 @@
 """A tiny, self-contained world for end-to-end tests: a 2-layer BERT folder (with and without an MLM
-head),
-a small training file and a SentEval folder in the real layout with a few pairs per file. Seconds on
-a CPU."""
+head), a small training file and a SentEval folder in the real layout with a few pairs per file.
+Seconds on a CPU."""
 import random
 
 import torch
@@ -38,8 +37,7 @@ def make_model(folder, mlm_head=False, seed=0):
 
 def senteval_text(rel, rows):
     """A SentEval file's text in its real format (the files in ../shared) holding rows [(a, b,
-    gold)],
-    or None for a file the STS tasks do not read."""
+    gold)], or None for a file the STS tasks do not read."""
     name = rel.rsplit("/", 1)[-1]
     if name.startswith("STS.input."):
         return "".join(f"{a}\t{b}\n" for a, b, _ in rows)

@@ -5,12 +5,10 @@ code | message".
     minute on a CPU
 
 tests/test_inputs.py runs the same cases in-process. Each case: a label, the script ("common":
-common.py's command
-line), its flags, the exit code it must give, whether the run must leave no out_dir behind (every
-refusal before
-training does), and optionally {"env": variables to set, "fsize": a file-size limit in bytes (a full
-disk), "lock":
-a run folder whose lock a live run holds}."""
+common.py's command line), its flags, the exit code it must give, whether the run must leave no
+out_dir behind (every refusal before training does), and optionally {"env": variables to set,
+"fsize": a file-size limit in bytes (a full disk), "lock": a run folder whose lock a live run
+holds}."""
 import contextlib
 import fcntl
 import json
@@ -661,9 +659,8 @@ def roberta_folder(folder):
 
 def vocab_with_a_token_twice(folder):
     """Two lines of vocab.txt replaced (by a token already there and a blank line), CRLF line
-    endings: the saved
-    folder must keep every line where it was (tests/test_hostile.py checks that it tokenizes the
-    same)."""
+    endings: the saved folder must keep every line where it was (tests/test_hostile.py checks that
+    it tokenizes the same)."""
     lines = (folder / "vocab.txt").read_text().splitlines()
     lines[-2:] = [lines[10], ""]
     (folder / "vocab.txt").write_bytes("".join(t + "\r\n" for t in lines).encode())
@@ -692,8 +689,7 @@ def tampered(src, dst, edit):
 
 def prepare(tmp, context):
     """The runs some cases need: a finished one, an unfinished one (checkpoint at step 2), a corrupt
-    checkpoint,
-    checkpoints edited by hand, one whose data file changed since."""
+    checkpoint, checkpoints edited by hand, one whose data file changed since."""
     import shutil
     import simcse_min
     tmp = Path(tmp)

@@ -5,26 +5,19 @@
     python tests/tools/bench.py --model bert-base --device cuda --compile   # GPU: bert-base-uncased
     shape, random weights
 
-Times (a) one full training step (forward, backward, clipping, AdamW) of each of the four methods at
-the paper's
-shape (batch 64, max length 32), (b) STS-B dev encoding (3,000 sentences, [CLS]), (c) the full
-7-task test
-table, (d) the tokenizer (sentences/s from a cold word cache, 1 and 2 processes, extrapolated to the
-1M-sentence
-corpus). When `transformers` imports (a scratch environment: never a dependency), the same SimCSE
-step and dev
-encoding through Hugging Face's BertModel (eager and sdpa attention; on CUDA also fp16 autocast +
-eager, the
-official setup), printed as ratios ours / theirs. Contenders take turns repetition by repetition, so
-a change in
+Times (a) one full training step (forward, backward, clipping, AdamW) of each of the four methods
+at the paper's shape (batch 64, max length 32), (b) STS-B dev encoding (3,000 sentences, [CLS]), (c)
+the full 7-task test table, (d) the tokenizer (sentences/s from a cold word cache, 1 and 2
+processes, extrapolated to the 1M-sentence corpus). When `transformers` imports (a scratch
+environment: never a dependency), the same SimCSE step and dev encoding through Hugging Face's
+BertModel (eager and sdpa attention; on CUDA also fp16 autocast + eager, the official setup),
+printed as ratios ours / theirs. Contenders take turns repetition by repetition, so a change in
 machine load hits all of them alike; medians are reported. On CUDA: model FLOPs utilisation and the
-projected
-wall time of one wiki1m epoch (15,625 steps + 126 dev evaluations) per method.
+projected wall time of one wiki1m epoch (15,625 steps + 126 dev evaluations) per method.
 
 Inputs: the wiki sample (SIMCSE_TEST_DATA) and SentEval (SIMCSE_SENTEVAL) when found; otherwise
-random token ids
-of the same lengths (max length for training, STS-B dev-like lengths for encoding), and parts (c),
-(d) skipped.
+random token ids of the same lengths (max length for training, STS-B dev-like lengths for encoding),
+and parts (c), (d) skipped.
 """
 import argparse
 import collections
@@ -50,9 +43,8 @@ import simcsepp_min  # noqa: E402
 
 EPOCH_STEPS = 15_625  # wiki1m: 1,000,000 sentences // 64 (the last partial batch dropped)
 # Dense tensor-core peaks in TFLOPS, no sparsity [vendor datasheets]: (name, bf16, fp16); first
-# match wins. GPUs
-# before Ampere have no bf16 tensor cores (None): --precision auto trains them in fp16, measured
-# against fp16's peak.
+# match wins. GPUs before Ampere have no bf16 tensor cores (None): --precision auto trains them in
+# fp16, measured against fp16's peak.
 PEAK_TFLOPS = [("H100 PCIe", 756, 756), ("H100", 989, 989), ("H200", 989, 989), ("GH200", 989, 989),
                ("B200", 2250, 2250), ("A100", 312, 312), ("A10G", 70, 70), ("A10", 125, 125),
                ("L40S", 362, 362),
@@ -85,8 +77,7 @@ def mfu(flops_per_step, step_seconds, peak_tflops_value):
 
 def epoch_seconds(step_s, dev_s, steps=EPOCH_STEPS, eval_every=125, test_s=0.0):
     """Wall time of one epoch: the steps, STS-B dev at step 0, every eval_every steps and at the
-    last step
-    (as Run.evaluate does), and the final test table."""
+    last step (as Run.evaluate does), and the final test table."""
     evals = 1 + steps // eval_every + (steps % eval_every != 0)
     return steps * step_s + evals * dev_s + test_s
 
@@ -100,8 +91,7 @@ def matmul_params(model):
 
 def load_encoder(args, device):
     """(tokenizer, our Bert) on device: a model folder, or 'bert-base' = bert-base-uncased's config
-    with
-    random weights (timing only; the vocabulary from SIMCSE_TEST_MODEL when there is one)."""
+    with random weights (timing only; the vocabulary from SIMCSE_TEST_MODEL when there is one)."""
     if args.model == "bert-base":
         torch.manual_seed(0)
         model = common.Bert(common.BertConfig())
@@ -220,8 +210,7 @@ class IdsOnly:
 
 def make_generator(base, args, tok, device):
     """DiffCSE's frozen MLM: --generator, or a random one of half the encoder's depth (bert-base ->
-    the shape of
-    distilbert-base-uncased, the official generator)."""
+    the shape of distilbert-base-uncased, the official generator)."""
     if args.generator:
         return diffcse_min.load_generator(args.generator, tok).to(device).train()
     torch.manual_seed(1)

@@ -1,6 +1,6 @@
 """Benchmark of the STS evaluation (not collected by pytest): the full test table and the dev scores
-for every
-pooler, timed, with --pooler avg checked against the official SimCSE evaluation.py numbers.
+for every pooler, timed, with --pooler avg checked against the official SimCSE evaluation.py
+numbers.
 
     python tests/tools/bench_eval.py --model ../shared/models/all-MiniLM-L6-v2 --senteval
     ../shared/data/senteval

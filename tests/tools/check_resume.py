@@ -1,9 +1,7 @@
 """The resume check at a real scale: MiniLM (a real 6-layer BERT) on the Wikipedia head, through the
-command line.
-A run is killed with SIGKILL at a random moment after a random checkpoint, resumed with --resume,
-and compared with
-the same run uninterrupted: model.safetensors byte for byte (SHA-256) and results.json without its
-timings.
+command line. A run is killed with SIGKILL at a random moment after a random checkpoint, resumed
+with --resume, and compared with the same run uninterrupted: model.safetensors byte for byte
+(SHA-256) and results.json without its timings.
 
     python tests/tools/check_resume.py --method esimcse --steps 40 --save_every 7
 (reads SIMCSE_TEST_MODEL, SIMCSE_TEST_DATA, SIMCSE_SENTEVAL; a few minutes on a CPU; exit status 1

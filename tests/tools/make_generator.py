@@ -1,25 +1,18 @@
 """Make a small generator for offline DiffCSE runs: fit an MLM head on top of a FROZEN pretrained
 BERT encoder.
 
-DiffCSE needs a masked language model (distilbert-base-uncased in the paper). Offline there is none,
-so this fits
-common.MLMHead (dense, GELU, LayerNorm, bias; the decoder is the frozen word-embedding matrix, tied)
-on the frozen
-all-MiniLM-L6-v2 encoder with BERT's 15% masking (80/10/10) on the wiki sample, prints the
-masked-token accuracy on
-held-out sentences, and saves a BertForMaskedLM folder. Not a test (pytest collects test_*.py only).
-3-7 minutes
-on a 2-core CPU.
+DiffCSE needs a masked language model (distilbert-base-uncased in the paper). Offline there is
+none, so this fits common.MLMHead (dense, GELU, LayerNorm, bias; the decoder is the frozen
+word-embedding matrix, tied) on the frozen all-MiniLM-L6-v2 encoder with BERT's 15% masking
+(80/10/10) on the wiki sample, prints the masked-token accuracy on held-out sentences, and saves a
+BertForMaskedLM folder. Not a test (pytest collects test_*.py only). 3-7 minutes on a 2-core CPU.
 
 Unlike BERT, the loss covers every real token, not only the chosen 15%. DiffCSE labels a token
-"replaced" wherever
-the generator's argmax differs from the original, masked or not, and a pretrained MLM copies
-unmasked tokens almost
-always. The last layer of a sentence-embedding model keeps token identity poorly: a head trained on
-the chosen
-tokens only copied about half of the unmasked tokens (masked accuracy 0.12). Trained on every real
-token, it copies
-about 98% (masked accuracy 0.16).
+"replaced" wherever the generator's argmax differs from the original, masked or not, and a
+pretrained MLM copies unmasked tokens almost always. The last layer of a sentence-embedding model
+keeps token identity poorly: a head trained on the chosen tokens only copied about half of the
+unmasked tokens (masked accuracy 0.12). Trained on every real token, it copies about 98% (masked
+accuracy 0.16).
 
     python tests/tools/make_generator.py --model sentence-transformers/all-MiniLM-L6-v2 \
         --data wiki1m_head.txt --out /tmp/minilm-mlm

@@ -1,6 +1,5 @@
 """A mutation check over the core: each mutant changes one line so that a reader would call the
-result a
-different method (or a broken one); the suite must fail on every one. Stdlib only.
+result a different method (or a broken one); the suite must fail on every one. Stdlib only.
 
     python tests/tools/mutate.py                 # every mutant: its test files, then the whole
     suite if it lived
@@ -8,13 +7,10 @@ different method (or a broken one); the suite must fail on every one. Stdlib onl
     python tests/tools/mutate.py --list
 
 Each mutant is applied to a copy of the tree (the five top-level files and tests/), never to the
-checkout; its
-own test files run first (-x), and a mutant they miss runs the whole suite before it is called a
-survivor. A
-mutant whose old text does not occur exactly once is an error, so the list cannot rot silently. The
-data
-variables (SIMCSE_TEST_MODEL, ...) pass through: set them as .ci/run does, or the tests that need
-them skip.
+checkout; its own test files run first (-x), and a mutant they miss runs the whole suite before it
+is called a survivor. A mutant whose old text does not occur exactly once is an error, so the list
+cannot rot silently. The data variables (SIMCSE_TEST_MODEL, ...) pass through: set them as .ci/run
+does, or the tests that need them skip.
 """
 import argparse
 import os

@@ -1,0 +1,64 @@
+"""DiffCSE in training: the RTD gradient reaches the encoder through the projector, the generator
+stays frozen over a step, and a generator without an MLM head or with another vocabulary is
+refused."""
+import copy
+
+import pytest
+import torch
+
+import common
+import diffcse_min
+from common import Bert, BertConfig, CheckpointError, MixedPrecision, make_optimizer, optimizer_step
+from diffcse_min import Config, info_nce, load_generator, train_step
+from test_diffcse import sentences, tiny_models, TOK
+
+
+def test_rtd_gradient_reaches_encoder_through_projector(monkeypatch):
+    # loss = λ·RTD alone
+    monkeypatch.setattr(diffcse_min, "info_nce", lambda h1, h2, temp: 0.0 * h1.sum())
+    model, head, disc, generator = tiny_models()
+    ids, mask = sentences(8, 10, seed=5)
+    loss, stats = train_step(model, head, ids[:, None], mask[:, None], Config(lambda_rtd=0.005),
+                             disc, generator,
+                             TOK, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(loss, 0.005 * stats["rtd"])
+    loss.backward()
+    for name, p in [*model.named_parameters(), *head.named_parameters()]:
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_generator_frozen_over_a_training_step():
+    model, head, disc, generator = tiny_models()
+    before = copy.deepcopy(generator.state_dict())
+    modules = (model, head, disc, generator)
+    opt, sched = make_optimizer([p for m in modules for p in m.parameters()], 1e-3, 10,
+                                torch.device("cpu"))
+    ids, mask = sentences(8, 10, seed=6)
+    loss, _ = train_step(model, head, ids[:, None], mask[:, None], Config(), disc, generator, TOK,
+                         torch.Generator().manual_seed(0))
+    enc_before = copy.deepcopy(model.state_dict())
+    optimizer_step(loss, opt, sched, MixedPrecision("fp32", torch.device("cpu")))
+    assert all(not p.requires_grad and p.grad is None for p in generator.parameters())
+    assert all(torch.equal(before[k], v) for k, v in generator.state_dict().items())
+    assert any(not torch.equal(enc_before[k], v) for k, v
+               in model.state_dict().items()), "the encoder did not move"
+
+
+def test_generator_checkpoint_without_mlm_head_is_a_clear_error(tmp_path):
+    torch.manual_seed(0)
+    Bert(BertConfig.tiny()).save_pretrained(tmp_path / "encoder", TOK)
+    with pytest.raises(CheckpointError, match="no masked-LM head: a masked language model is "
+                                              "needed"):
+        load_generator(tmp_path / "encoder", TOK)
+    Bert(BertConfig.tiny(), mlm_head=True).save_pretrained(tmp_path / "mlm", TOK)
+    generator = load_generator(tmp_path / "mlm", TOK)
+    assert generator.mlm is not None and not any(p.requires_grad for p in generator.parameters())
+
+
+def test_generator_with_another_vocabulary_is_refused(tmp_path):
+    other = common.Tokenizer(
+        {w: i for i, w in enumerate([*common.SPECIAL_TOKENS, *(f"v{i}" for i in range(123))])}
+    )
+    Bert(BertConfig.tiny(), mlm_head=True).save_pretrained(tmp_path / "mlm", other)
+    with pytest.raises(common.UserError, match="vocabulary"):
+        load_generator(tmp_path / "mlm", TOK)

@@ -1,0 +1,65 @@
+"""The caches: a model in the Hugging Face cache is used in place, wherever huggingface_hub's
+variables put it (symlinked snapshots, refs/main); a name with glob characters matches only itself;
+SIMCSE_CACHE that is a file or unwritable is one line."""
+import hashlib
+import os
+
+import pytest
+
+import common
+
+
+def hf_cache_snapshot(hub_cache, name, files):
+    """A snapshot as huggingface_hub writes it [hub_facts, cache]: blobs/<etag>,
+    snapshots/<commit>/<file> a relative symlink to ../../blobs/<etag>, refs/main holding the commit
+    without a newline."""
+    repo, commit = hub_cache / ("models--" + name.replace("/", "--")), "a" * 40
+    for f, data in files.items():
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(data)
+        (repo / "snapshots" / commit).mkdir(parents=True, exist_ok=True)
+        os.symlink(os.path.join("..", "..", "blobs", blob.name), repo / "snapshots" / commit / f)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    return repo / "snapshots" / commit
+
+
+@pytest.mark.parametrize("variable", ["HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME",
+                                      "XDG_CACHE_HOME"])
+def test_a_model_in_the_hugging_face_cache_is_used_in_place(variable, hub, tmp_path, monkeypatch):
+    """Where huggingface_hub would have put it, for each way its location is set; nothing is
+    downloaded."""
+    monkeypatch.delenv("HF_HUB_CACHE")
+    base = tmp_path / variable
+    monkeypatch.setenv(variable, str(base))
+    hub_dir = {"HF_HOME": base / "hub",
+               "XDG_CACHE_HOME": base / "huggingface" / "hub"}.get(variable, base)
+    files = {f: hub.files[f"google-bert/bert-base-uncased/{f}"] for f
+             in common.KNOWN_MODELS["bert-base-uncased"]}
+    snapshot = hf_cache_snapshot(hub_dir, "bert-base-uncased", files)
+    assert common.resolve_model("bert-base-uncased") == snapshot
+    common.Bert.from_pretrained("bert-base-uncased")
+    assert hub.requests == [] and not common.CACHE.exists()
+
+
+def test_a_name_with_glob_characters_matches_only_itself(hub, tmp_path):
+    files = {f: hub.files[f"google-bert/bert-base-uncased/{f}"] for f
+             in common.KNOWN_MODELS["bert-base-uncased"]}
+    hf_cache_snapshot(common.hub_cache(), "bert-base-uncased", files)
+    for name in ("bert-*", "bert-base-uncase?", "[b]ert-base-uncased"):
+        with pytest.raises(common.UserError, match="neither a folder nor a known name"):
+            common.resolve_model(name)
+    assert hub.requests == []
+
+
+@pytest.mark.parametrize("where", ["a file", "/sys/simcse-cache"], ids=["file", "unwritable"])
+def test_simcse_cache_that_is_a_file_or_unwritable_is_one_line(where, hub, tmp_path, monkeypatch):
+    """/sys refuses a new folder even to root (chmod does not stop root, and CI runs as root)."""
+    (tmp_path / "a file").write_text("")
+    monkeypatch.setattr(common, "CACHE", tmp_path / where)
+    with pytest.raises(common.UserError, match="SIMCSE_CACHE .* must name a writable folder"):
+        common.resolve_model("bert-base-uncased")
+    with pytest.raises(common.UserError, match="SIMCSE_CACHE"):
+        common.download_senteval()
+    assert (tmp_path / "a file").read_text() == "" and not os.path.exists("/sys/simcse-cache")

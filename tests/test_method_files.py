@@ -1,0 +1,51 @@
+"""The four method files share one loop and one configuration: train() short and in the open, each
+sibling's train() differing from the baseline's only in lines tagged with its method, the shared
+Config fields identical in all four [STYLE §2.5]."""
+import re
+
+import pytest
+
+import ast
+import difflib
+from test_structure import SCRIPTS, TAGS, source
+
+
+def train_source(name):
+    tree = ast.parse(source(name))
+    node = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "train")
+    return source(name).splitlines()[node.lineno - 1:node.end_lineno]
+
+
+def test_train_loop_is_short_and_in_the_open():
+    train = train_source("simcse_min.py")
+    assert len(train) <= 36, len(train)
+    text = "\n".join(train)
+    for piece in ("range(start, total + 1)", "save_checkpoint(", "exit_on_signal(", "run.evaluate(",
+                  "run.keep_best(", "optimizer_step(", "stop_non_finite(", "run.finish("):
+        assert piece in text, f"train() does not show {piece}"
+
+
+@pytest.mark.parametrize("name", list(TAGS))
+def test_train_differs_from_the_baseline_only_in_tagged_lines(name):
+    """Every line a method adds to (or changes in) train() names the method in a comment, belongs to
+    a tagged block, or is the call of its own train_step."""
+    diff = difflib.ndiff(train_source("simcse_min.py"), train_source(name))
+    added = [d[2:] for d in diff if d.startswith("+ ")]
+    block = None
+    for line in added:
+        indent = len(line) - len(line.lstrip())
+        if f"# {TAGS[name]}" in line:
+            block = indent if line.split("#")[0].rstrip().endswith(":") else None
+        elif not ("train_step(" in line or block is not None and indent > block):
+            pytest.fail(f"{name}: untagged change in train(): {line.strip()}")
+
+
+def test_config_shared_fields_identical():
+    shared = ["data", "model", "senteval", "device", "precision", "seed", "batch_size", "max_len",
+              "lr",
+              "epochs", "max_steps", "temp", "eval_every", "dropout", "out_dir", "save_every",
+              "resume",
+              "overwrite", "compile"]
+    for name in SCRIPTS:
+        fields = re.findall(r"^    (\w+): \w+ = ", source(name).split("# ---- Views")[0], re.M)
+        assert fields[:len(shared)] == shared, name
