@@ -104,7 +104,8 @@ def test_the_quick_start_as_written(machine):
     ]  # shorter than 11,914
     assert "downloading SimCSE's senteval.tar" in outputs[2]
     for out in outputs[2:]:  # the run's test table, then eval's: STS12 ... SICK-R, Avg
-        assert re.search(r"^ +STS12 \|.*\| +Avg\n( +-?\d+\.\d\d \|){7} +-?\d+\.\d\d$", out, re.M), out
+        table = r"^ +STS12 \|.*\| +Avg\n( +-?\d+\.\d\d \|){7} +-?\d+\.\d\d$"
+        assert re.search(table, out, re.M), out
     assert (clone / "runs" / "simcse" / "results.json").is_file()
     shutil.rmtree(clone / "runs")  # the mission commands write there too
     assert_cache_complete(home, hub)
