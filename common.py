@@ -1300,7 +1300,7 @@ def download(url, dest, expected_sha256=None, flag=None):
                         + HOW_TO_GET.get(flag, "")) from None
     except (OSError, http.client.HTTPException) as e:  # reset, timed out or cut: keep the part
         size = part.stat().st_size if part.exists() else 0
-        raise UserError(f"download of {url} was cut at {size} of {total} bytes "
+        raise UserError(f"download of {url} was cut at {size} of {total or '?'} bytes "
                         f"({type(e).__name__}); run the same command again to resume") from None
     finally:
         for p in created:
@@ -1761,7 +1761,7 @@ def tokenize_corpus(tok, texts, max_len=None, workers=None, min_parallel=20_000)
     Forked before any model is on a GPU; under torchrun (its threads running) spawned instead."""
     workers, progress, out = workers or cpu_workers(), Progress("corpus", "sentences tokenized"), []
     serial = workers == 1 or len(texts) < min_parallel
-    size = 10_000 if serial else math.ceil(len(texts) / (16 * workers))
+    size = 10_000 if serial else math.ceil(len(texts) / (4 * workers))  # chunks as before progress
     chunks = [(tok, texts[i:i + size], max_len) for i in range(0, len(texts), size)]
     fork = sys.platform == "linux" and world()[1] == 1
     with contextlib.nullcontext() if serial else \

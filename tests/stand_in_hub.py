@@ -14,8 +14,10 @@ fixtures/hub_facts.py (each with its source there), never from what common.py ex
   is not the SHA-256.
 
 The files are cut small: every file a repository holds is there, with tiny content: a 2-layer model
-in the real files' format, a few hundred sentences, senteval.tar with all 132 recorded members in
-their order and a few rows in each file SentEval reads.
+in the real files' format (bert-base-uncased's legacy tensor names included), a few hundred
+sentences, senteval.tar with all 132 recorded members in their order and a few rows in each file
+SentEval reads. Not recorded, so chosen here: the redirect status of a renamed repository (307),
+tokenizer_config.json's content (only its size is recorded), the CDN's path and the commit hashes.
 """
 import hashlib
 import http.server
@@ -49,7 +51,7 @@ class StandInHub:
     def __init__(self, files, lfs=(), gated=()):
         self.files, self.gated, self.requests = dict(files), set(gated), []
         self.repos = {name.rsplit("/", 1)[0] for name in self.files} | self.gated
-        self.lfs = {name for name in self.files if name in lfs or is_lfs(name, self.files[name])}
+        self.lfs = {name for name in self.files if name in lfs or is_lfs(name)}
         self.unstated = set()  # LFS files whose hub answer states no X-Linked-Etag
         self.cut_after, self.reset = None, False  # the CDN's next answer stops after N bytes
         self.ignore_range = self.corrupt = False  # the CDN answers 200 to a Range / flips a byte
@@ -68,15 +70,11 @@ class StandInHub:
     def __exit__(self, *exc):
         self.close()
 
-    def served(self, repo_file):
-        return self.files[repo_file]
 
-
-def is_lfs(name, data):
-    """Stored in LFS: marked so in the facts ("name:L"), or over 10 MB (the hub's limit for git)."""
+def is_lfs(name):
+    """Stored in LFS: marked so in the facts ("name:L")."""
     repo, _, file = name.rpartition("/")
-    return f"{file}:L" in {**facts.MODEL_FILES, **facts.DATASET_FILES}.get(repo, []) or \
-        len(data) > 10 << 20
+    return f"{file}:L" in {**facts.MODEL_FILES, **facts.DATASET_FILES}.get(repo, [])
 
 
 def serve(handler, hub):
@@ -124,6 +122,7 @@ class HubHandler(Handler):
         repo, revision, file = m.groups()
         commit = hashlib.sha1(repo.encode()).hexdigest()
         if repo in facts.RENAMED:  # a renamed repository: a relative redirect to the new name
+            # (its status is not recorded: any 3xx with a host-less Location is followed alike)
             return self.send(307, {"Location": f"/{facts.RENAMED[repo]}/resolve/{revision}/{file}"},
                              b"Temporary Redirect", body)
         for code in ("GatedRepo", "RepoNotFound", "RevisionNotFound", "EntryNotFound"):
@@ -201,6 +200,30 @@ def tiny_bert(tmp, name, mlm_head=False, seed=0):
                     "tokenizer_config.json": b'{"do_lower_case": true}'}
 
 
+def legacy_bert(tmp, seed=0):
+    """bert-base-uncased's own naming [hub_facts.LEGACY_BERT_NAMES]: a "bert." prefix, LayerNorm
+    gamma/beta, the MLM head as cls.predictions.* with its tied decoder; BertForPreTraining."""
+    torch.manual_seed(seed)
+    tok = tokenizer()
+    model = common.Bert(common.BertConfig.tiny(vocab_size=len(tok.vocab)), mlm_head=True)
+    model.save_pretrained(tmp / "legacy", tok)
+    tensors = {}
+    for k, v in model.state_dict().items():
+        name = ("" if k.startswith("mlm") else "bert.") + common.hf_name(k)
+        name = re.sub(r"LayerNorm\.weight$", "LayerNorm.gamma", name)
+        tensors[re.sub(r"LayerNorm\.bias$", "LayerNorm.beta", name)] = v.clone()
+    words = tensors["bert.embeddings.word_embeddings.weight"]
+    tensors["cls.predictions.decoder.weight"] = words.clone()  # tied to the word embeddings
+    common.write_safetensors(tmp / "legacy.safetensors", tensors)
+    buffer = io.BytesIO()
+    torch.save(tensors, buffer)
+    config = json.loads((tmp / "legacy" / "config.json").read_text())
+    return folder_files(tmp / "legacy") | {
+        "config.json": json.dumps(config | {"architectures": ["BertForPreTraining"]}).encode(),
+        "model.safetensors": (tmp / "legacy.safetensors").read_bytes(),
+        "pytorch_model.bin": buffer.getvalue(), "tokenizer_config.json": b'{"do_lower_case": true}'}
+
+
 def tiny_distilbert(tmp, seed=1):
     """A 2-layer DistilBertForMaskedLM: DistilBERT's config keys and tensor names, BERT's vocab."""
     torch.manual_seed(seed)
@@ -253,9 +276,9 @@ def senteval_tar(rows=6, seed=0):
 def hub_files(tmp, sentences=300):
     """Every recorded repository's files, cut small -> {"repo_id/filename": bytes}."""
     rng = random.Random(3)
-    made = {"bert": tiny_bert(tmp, "bert"), "distilbert": tiny_distilbert(tmp),
-            "roberta": tiny_roberta(tmp, "roberta")}
-    kind = {"google-bert/bert-base-uncased": "bert", "google-bert/bert-large-uncased": "bert",
+    made = {"bert": tiny_bert(tmp, "bert"), "legacy": legacy_bert(tmp),
+            "distilbert": tiny_distilbert(tmp), "roberta": tiny_roberta(tmp, "roberta")}
+    kind = {"google-bert/bert-base-uncased": "legacy", "google-bert/bert-large-uncased": "legacy",
             "sentence-transformers/all-MiniLM-L6-v2": "bert",
             "google/bert_uncased_L-4_H-256_A-4": "bert",
             "distilbert/distilbert-base-uncased": "distilbert",

@@ -147,6 +147,9 @@ def test_every_known_name_fetches_files_its_repository_holds(name, hub):
     assert all((folder / f).read_bytes() == hub.files[f"{repo}/{f}"] for f
                in common.KNOWN_MODELS[name])
     assert model.cfg.model_type == ("roberta" if "roberta" in name else kind or "bert")
+    if repo in facts.LEGACY_BERT_NAMES:  # loaded from bert-base-uncased's own tensor names
+        names = common.read_safetensors(folder / "model.safetensors")
+        assert "bert.embeddings.LayerNorm.gamma" in names
     assert len(tok.vocab) == model.cfg.vocab_size or "roberta" in name
     n = len(hub.requests)
     common.Bert.from_pretrained(name, mlm_head=kind is not None)

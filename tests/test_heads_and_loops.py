@@ -2,7 +2,7 @@
 named: SimCSE's Linear + tanh head as the official code initialises it; DiffCSE's BatchNorm
 projector (ReLU between, no learnable scale at the end) and its generator left in train mode;
 ESimCSE's queue (bounded by queue_size, emptied at each epoch) and its momentum encoder (moved after
-every optimizer step)."""
+every optimizer step), and ESimCSE's defaults as its paper sets them."""
 import dataclasses
 
 import torch
