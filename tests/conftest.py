@@ -33,6 +33,12 @@ def _shared_path(var):
     pytest.skip(f"{var} not set (point it at ../shared, as .ci/run does)")
 
 
+def same_bytes(a, b):
+    """a == b for file contents, without pytest's difflib explanation of two large byte strings on a
+    failure (under CI=true pytest diffs them in full: minutes for a model file)."""
+    return a == b
+
+
 @pytest.fixture(scope="session")
 def model_dir():
     return _shared_path("SIMCSE_TEST_MODEL")

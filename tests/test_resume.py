@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import common
+from conftest import same_bytes
 from tiny_world import make_model, make_senteval, sentence
 
 TIMING = {"train_seconds"}  # differ between any two runs
@@ -57,7 +58,8 @@ def uninterrupted(world, tmp_path_factory):
 
 
 def assert_same_run(a, b):
-    assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+    model = "model.safetensors"
+    assert same_bytes((a / model).read_bytes(), (b / model).read_bytes())
     ra, rb = (json.loads((d / "results.json").read_text()) for d in (a, b))
     for r in (ra, rb):
         r["test_details"].pop("seconds")
