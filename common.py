@@ -16,7 +16,6 @@ import functools
 import itertools
 import json
 import math
-import random
 import re
 import sys
 import time
@@ -86,11 +85,10 @@ class Tokenizer:
     def from_pretrained(name_or_dir):
         """A model folder's (or known name's) tokenizer: WordPiece from vocab.txt (id = line number)
         and tokenizer_config.json, or RoBERTa's byte-level BPE from vocab.json and merges.txt."""
-        folder = resolve_model(name_or_dir)
-        if (folder / "merges.txt").exists():
-            return BPETokenizer(*read_bpe(folder))  # Part 2: checked, one-line errors
-        vocab, config = read_vocab(folder)
-        return Tokenizer(vocab, config.get("do_lower_case", True), config.get("strip_accents"))
+        files = read_tokenizer_files(name_or_dir)  # Part 2: found or fetched once, checked
+        if "merges" in files:
+            return BPETokenizer(files["vocab"], files["merges"])
+        return Tokenizer(files["vocab"], files["do_lower_case"], files["strip_accents"])
 
     def encode_word(self, word):
         """One whitespace-delimited word -> sub-word ids (cached)."""
@@ -129,10 +127,7 @@ class Tokenizer:
                 ids.append(self.vocab[chunk])  # special-token strings in the text are kept [HF]
                 continue
             for word in basic_clean(chunk).split():
-                if len(ids) >= limit:
-                    break  # the rest would be truncated away: 32-token training rows stop early
-                known = self._cache.get(word)  # the word cache, inlined: most words repeat
-                ids += known if known is not None else self.encode_word(word)
+                ids += self.encode_word(word)
         return ids[:limit] + [self.sep_id] if len(ids) > limit else ids + [self.sep_id]
 
     def pad(self, id_lists, width=None):
@@ -211,20 +206,16 @@ class BPETokenizer(Tokenizer):
             if chunks[i + 1:i + 2] == ["<mask>"]:
                 chunk = chunk.rstrip()  # <mask> takes the spaces before it (lstrip) [HF RoBERTa]
             for word in gpt2_pattern().findall(chunk):
-                if len(ids) >= limit:
-                    break
                 ids += self.bpe(word)
         return ids[:limit] + [self.sep_id] if len(ids) > limit else ids + [self.sep_id]
 
 
 def pad_ids(id_lists, pad_id, width=None):
-    """Id lists -> (ids [B, L], mask [B, L]), L the longest (or `width`): one numpy scatter."""
-    lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))  # [B]
-    mask = np.arange(max(width or 0, int(lengths.max()))) < lengths[:, None]  # [B, L] bool
-    ids = np.full(mask.shape, pad_id, dtype=np.int64)  # [B, L]
-    ids[mask] = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64,
-                            count=int(lengths.sum()))
-    return torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64))
+    """Id lists -> (ids [B, L], mask [B, L]), L the longest (or `width`), mask 1 on real tokens."""
+    length = max(width or 0, max(map(len, id_lists)))
+    ids = torch.tensor([x + [pad_id] * (length - len(x)) for x in id_lists])  # [B, L]
+    mask = torch.tensor([[1] * len(x) + [0] * (length - len(x)) for x in id_lists])  # [B, L]
+    return ids, mask
 
 
 # --- BERT ---------------------------------------------------------------------------------------
@@ -295,13 +286,13 @@ class Layer(nn.Module):
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
         self.attn_out_dropout = cfg.model_type != "distilbert"  # DistilBERT has none there [HF]
 
-    def forward(self, x, keep, cls_only=False):  # x [B, L, H], keep [B, 1, 1, L] bool (a token)
+    def forward(self, x, mask, cls_only=False):  # x [B, L, H], mask [B, 1, 1, L] bool: a token
         """-> [B, L, H]; cls_only: [B, 1, H], the [CLS] row alone (its query; keys, values all)."""
         B, L, H = x.shape
         rows = x[:, :1] if cls_only else x  # [B, Q, H], Q = 1 or L
         q = self.query(rows).view(B, rows.size(1), self.heads, -1).transpose(1, 2)  # [B, h, Q, H/h]
         k, v = (p(x).view(B, L, self.heads, -1).transpose(1, 2) for p in (self.key, self.value))
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=keep,
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                            dropout_p=self.attn_p if self.training else 0.0)
         a = self.attn_out(a.transpose(1, 2).reshape(B, -1, H))  # [B, Q, H]
         x = self.attn_norm(rows + (self.dropout(a) if self.attn_out_dropout else a))
@@ -341,15 +332,15 @@ class Bert(nn.Module):
         return self.embeddings(ids)
 
     def encode(self, x, mask, all_layers=False, cls_only=False):  # x [B, L, H], mask [B, L]
-        """The last layer's states [B, L, H] (or all layers'). cls_only: the last layer computes the
-        [CLS] row alone, [B, 1, H] (1/L of its work): nothing after it reads the other rows."""
-        keep = mask.bool()[:, None, None, :]  # [B, 1, 1, L]
+        """The last layer's states [B, L, H] (all_layers: every layer's, embeddings first).
+        cls_only: the [CLS] vectors [B, H] alone, the last layer computing that row only."""
+        attn_mask = mask.bool()[:, None, None, :]  # [B, 1, 1, L]: True on a token
         states = [x]
         for i, layer in enumerate(self.layers):
-            states.append(layer(states[-1], keep, cls_only and i == len(self.layers) - 1))
-        return states if all_layers else states[-1]
+            states.append(layer(states[-1], attn_mask, cls_only and i == len(self.layers) - 1))
+        return states if all_layers else states[-1][:, 0] if cls_only else states[-1]
 
-    def forward(self, ids, mask, cls_only=False):  # ids, mask [B, L] -> [B, L, H] or [B, 1, H]
+    def forward(self, ids, mask, cls_only=False):  # ids, mask [B, L] -> [B, L, H], or [B, H]
         return self.encode(self.embed(ids), mask, cls_only=cls_only)
 
     def mlm_logits(self, h):  # h [B, L, H] -> [B, L, V]
@@ -367,34 +358,37 @@ class Bert(nn.Module):
     @classmethod
     def from_pretrained(cls, name_or_dir, mlm_head=False, dropout=None, quiet=False):
         """A BERT, DistilBERT or RoBERTa folder or known name; every tensor filled [nanoGPT]."""
-        folder = resolve_model(name_or_dir)
-        cfg, tensors, model_type = read_model_folder(folder)  # Part 2: config, weights, checked
+        cfg, state = read_weights(name_or_dir, mlm_head, quiet)  # Part 2: checked, in our names
         model = cls(cfg, mlm_head)
-        state, unused = rename_checkpoint(tensors, model_type, model)  # Hugging Face names -> ours
         model.load_state_dict(state, strict=True)
-        if unused and not quiet:
-            note_unused(folder, unused)  # Part 2: once, and why
         if dropout is not None:
             model.set_dropout(dropout)
         return model
 
-    def save_pretrained(self, folder, tokenizer, dtype=torch.float32):
-        """A folder that transformers' BertModel and sentence-transformers load (Part 2)."""
-        save_pretrained(self, folder, tokenizer, dtype)
+
+# --- Data: batches per epoch ----------------------------------------------------------------------
+
+def total_steps(n_rows, cfg):
+    """Steps of the whole run: full batches per epoch x epochs, or --max_steps if fewer."""
+    per_epoch = n_rows // cfg.batch_size
+    if per_epoch == 0:
+        raise UserError(f"the data has {n_rows} rows, fewer than one batch of {cfg.batch_size}")
+    return min(per_epoch * cfg.epochs, cfg.max_steps or math.inf)
 
 
-# --- Data -----------------------------------------------------------------------------------------
-
-def collate(tok, rows, device, width=None):
-    """Rows of C id lists -> ids, mask [B, C, L], padded to the longest (or to `width`)."""
-    ids, mask = tok.pad([x for r in rows for x in r], width)  # [B*C, L]
-    B, C = len(rows), len(rows[0])
-    return to_device(ids.view(B, C, -1), device), to_device(mask.view(B, C, -1), device)
-
-
-def to_device(t, device):
-    """CPU tensor -> device; on CUDA through pinned memory, so the copy does not block the host."""
-    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
+def epoch_batches(data, tok, cfg, start, total, device):
+    """ids, mask [B, C, L] for steps start+1..total: the rows shuffled afresh each epoch from the
+    seed and the epoch (a resumed run draws the same), full batches only [official: drop_last].
+    --compile pads every batch to max_len, so that every step has one shape."""
+    per_epoch, width = len(data) // cfg.batch_size, cfg.max_len if cfg.compile else None
+    for step in range(start, total):
+        epoch, position = divmod(step, per_epoch)
+        if position == 0 or step == start:
+            order = torch.randperm(len(data), generator=torch.Generator().manual_seed(
+                cfg.seed * 1000 + epoch)).tolist()
+        rows = [data[i] for i in order[position * cfg.batch_size:(position + 1) * cfg.batch_size]]
+        ids, mask = tok.pad([x for r in rows for x in r], width)  # [B*C, L]
+        yield (t.view(len(rows), len(rows[0]), -1).to(device) for t in (ids, mask))  # [B, C, L]
 
 
 # --- STS evaluation (SimCSE's SentEval fork: cosine, Spearman x 100, 'all' for STS12-16) --------
@@ -408,54 +402,11 @@ STS_YEARS = {  # task -> subsets, as SentEval reads them [official SentEval sts.
 }
 TEST_TASKS = [*STS_YEARS, "STSBenchmark", "SICKRelatedness"]
 SHORT_NAMES = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}
-SPLIT_FILES = {"STSBenchmark": {s: f"STS/STSBenchmark/sts-{s}.csv"
-                                for s in ("train", "dev", "test")},
-               "SICKRelatedness": {"train": "SICK/SICK_train.txt", "dev": "SICK/SICK_trial.txt",
-                                   "test": "SICK/SICK_test_annotated.txt"}}
-
-
-def _joined(s):
-    return " ".join(s.split())  # SentEval splits on whitespace; its batcher re-joins with spaces
-
-
-def load_sts_subset(root, year, subset):
-    """(sentences A, B, gold) of one STS12-16 subset; pairs with an empty gold score dropped."""
-    folder = Path(root) / "STS" / f"{year}-en-test"
-    with malformed_file(folder / f"STS.{{input,gs}}.{subset}.txt"):  # Part 2: one line naming it
-        lines = (folder / f"STS.input.{subset}.txt").read_text().splitlines()
-        pairs = [r.split("\t") for r in lines]
-        gold = (folder / f"STS.gs.{subset}.txt").read_text().splitlines()
-        keep = [i for i, g in enumerate(gold) if g != ""]  # not_empty_idx [official SentEval]
-        return ([_joined(pairs[i][0]) for i in keep], [_joined(pairs[i][1]) for i in keep],
-                np.array([float(gold[i]) for i in keep]))
-
-
-def load_sts_split(root, task, split):
-    """STS-B (score in column 4, sentences 5-6) or SICK-R (a header; sentences 1-2, score 3)."""
-    path = Path(root) / SPLIT_FILES[task][split]
-    with malformed_file(path):
-        lines = path.read_text().splitlines()
-        rows = [r.strip().split("\t") for r in (lines if task == "STSBenchmark" else lines[1:])]
-        a, b, y = (5, 6, 4) if task == "STSBenchmark" else (1, 2, 3)
-        return [_joined(r[a]) for r in rows], [_joined(r[b]) for r in rows], \
-            np.array([float(r[y]) for r in rows])
-
-
-def load_sts(root, mode="test"):
-    """{task: {subset or split: (A, B, gold)}} for the tasks a mode reports."""
-    check_senteval(root, mode)  # Part 2: a missing or incomplete folder is one line
-    tasks = {} if mode != "test" else {year: {s: load_sts_subset(root, year, s) for s in subsets}
-                                       for year, subsets in STS_YEARS.items()}
-    return {**tasks, **{task: {mode: load_sts_split(root, task, mode)} for task in SPLIT_FILES}}
-
-
 POOLERS = ("cls", "avg", "avg_first_last", "avg_top2")
 
 
 def pool(states, mask, pooler):
     """Sentence vectors [B, H] from all layers' states ([emb, layer 1, ..., layer N], [B, L, H])."""
-    if pooler == "cls":
-        return states[-1][:, 0]  # raw [CLS], no head: the papers' test vector
     chosen = {"avg": [-1], "avg_first_last": [0, -1], "avg_top2": [-2, -1]}[pooler]  # 0: embeddings
     h = sum(states[i] for i in chosen) / len(chosen)  # [B, L, H]
     m = mask.unsqueeze(-1).to(h.dtype)  # [B, L, 1]
@@ -464,8 +415,8 @@ def pool(states, mask, pooler):
 
 def encode_sentences(model, tok, sentences, pooler="cls", batch_size=128, id_lists=None,
                      progress=None):
-    """Vectors [N, H] (float32, CPU) in eval mode, sorted by length to cut padding; progress(done,
-    total) after each batch."""
+    """Vectors [N, H] (float32, CPU) in eval mode, sorted by length to cut padding; pooler cls: the
+    raw [CLS], no head (the papers' test vector). progress(done, total) after each batch."""
     if pooler not in POOLERS:
         raise UserError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
     id_lists = id_lists or [tok.encode(s, model.cfg.max_tokens) for s in sentences]
@@ -476,10 +427,13 @@ def encode_sentences(model, tok, sentences, pooler="cls", batch_size=128, id_lis
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
-            ids, mask = (to_device(t, device) for t in tok.pad([id_lists[i] for i in idx]))
-            states = model.encode(model.embed(ids), mask, pooler != "cls", cls_only=pooler == "cls")
-            out[idx] = pool(states if pooler != "cls" else [states], mask, pooler).float().cpu()
-            progress and progress(start + len(idx), len(order))  # Part 2 shows it
+            ids, mask = (t.to(device) for t in tok.pad([id_lists[i] for i in idx]))  # [b, L]
+            if pooler == "cls":
+                out[idx] = model(ids, mask, cls_only=True).float().cpu()
+            else:
+                states = model.encode(model.embed(ids), mask, all_layers=True)
+                out[idx] = pool(states, mask, pooler).float().cpu()
+            progress and progress(start + len(idx), len(order))
     model.train(was_training)
     return out
 
@@ -499,7 +453,7 @@ def evaluate_sts(model, tok, root, mode="test", pooler="cls", batch_size=128, ta
     """Spearman x 100 per task as the papers report it, plus details (Pearson, subsets, 'mean',
     'wmean'). Each distinct sentence is encoded once. STS12-16 report 'all', the subsets joined
     into one Spearman [SimCSE's SentEval fork]; STS-B, SICK-R the mode's split (dev: SICK trial)."""
-    start, tasks = time.time(), tasks or load_sts(root, mode)
+    start, tasks = time.time(), tasks or load_sts(root, mode)  # Part 2 reads SentEval's files
     unique = sorted({s for subs in tasks.values() for a, b, _ in subs.values() for s in a + b})
     index = {s: i for i, s in enumerate(unique)}
     vectors = encode_sentences(model, tok, unique, pooler, batch_size, progress=progress)  # [N, H]
@@ -530,22 +484,58 @@ def format_table(results):
     return head + "\n" + " | ".join(f"{results[k]:7.2f}" for k in keys)
 
 
+# --- The dev evaluation: STS-B dev Spearman, alignment and uniformity ---------------------------
+
+POSITIVE_GOLD = 4.0  # pairs with gold > 4 are positives [SimCSE §5 fn. 3; DiffCSE Table 11]
+
+
+def alignment(x, y):  # x, y [N, H] positive pairs -> E ||x - y||^2, L2-normalised (lower is better)
+    x, y = F.normalize(x.double(), dim=-1), F.normalize(y.double(), dim=-1)
+    return (x - y).pow(2).sum(-1).mean().item()  # [Wang & Isola 2020, Eq. 2]; NaN without a pair
+
+
+def uniformity(x):  # x [N, H] -> log E exp(-2 ||x_i - x_j||^2) over pairs i < j (lower is better)
+    x = F.normalize(x.double(), dim=-1)
+    return torch.pdist(x).pow(2).mul(-2).exp().mean().log().item()  # i < j only [Wang & Isola]
+
+
+def distinct_indices(sentences):
+    """The first index of each distinct sentence: uniformity counts a repeated sentence once."""
+    first = {}
+    for i, s in enumerate(sentences):
+        first.setdefault(s, i)
+    return sorted(first.values())
+
+
 class DevSet:
-    """STS-B dev tokenized once, training's checkpoint selection; also alignment and uniformity."""
+    """STS-B dev, tokenized once: the score that picks the best step in training [SimCSE App. B]."""
 
     def __init__(self, tok, root, max_len=512):
         a, b, self.gold = load_sts(root, "dev")["STSBenchmark"]["dev"]
         self.tok, self.ids = tok, [tok.encode(s, max_len) for s in a + b]
-        self.distinct, self.align_uniform = distinct_indices(a + b), (math.nan, math.nan)
-
-    def score(self, model, progress=None):
-        vectors = encode_sentences(model, self.tok, None, "cls", 256, self.ids, progress)  # [3k, H]
-        a, b = vectors[:len(self.gold)], vectors[len(self.gold):]  # [1500, H] each
-        self.align_uniform = align_uniform(a, b, self.gold, vectors[self.distinct])
-        return float(100 * scipy.stats.spearmanr(cosine(a, b), self.gold)[0])
+        self.distinct = distinct_indices(a + b)
 
 
-# --- Loop pieces: seed, flags, precision, optimizer, one global batch over processes, the run -----
+def evaluate_dev(model, dev, progress=None):
+    """STS-B dev Spearman x 100 of the raw [CLS] cosines, and the alignment (pairs with gold > 4)
+    and uniformity (distinct sentences) of the same vectors [Wang & Isola 2020]."""
+    vectors = encode_sentences(model, dev.tok, None, "cls", 256, dev.ids, progress)  # [3k, H]
+    a, b = vectors[:len(dev.gold)], vectors[len(dev.gold):]  # [1500, H] each
+    positive = torch.as_tensor(dev.gold > POSITIVE_GOLD)  # [1500] bool
+    return {"stsb_dev": float(100 * scipy.stats.spearmanr(cosine(a, b), dev.gold)[0]),
+            "align": alignment(a[positive], b[positive]),
+            "uniform": uniformity(vectors[dev.distinct])}
+
+
+def keep_best(best, step, dev, model):
+    """The best STS-B dev score so far, its step and the model's state then, in memory: the test
+    table and the saved model use it [official: load_best_model_at_end]. NaN is never best."""
+    if dev > best["dev"]:
+        best.update(dev=dev, step=step, state={k: v.detach().clone()
+                                               for k, v in model.state_dict().items()})
+
+
+# --- Loop pieces: precision, optimizer, one global batch over processes ------------------------
 
 class MixedPrecision:
     """--precision: autocast in bf16 or fp16 around the encoder, or none (fp32). fp16 adds a
@@ -596,176 +586,43 @@ def optimizer_step(loss, opt, sched, amp, max_grad_norm=1.0):
     opt.zero_grad(set_to_none=True)
 
 
-# Multi-GPU (torchrun; Part 2): each process reads the same global batch, encodes its share (shard),
-# and the losses see the whole batch (all_gather), as one process would. One process: no-ops.
+# Multi-GPU (torchrun): each process reads the same global batch, encodes its share (shard), and the
+# losses see the whole batch (all_gather), as one process would. One process: no-ops.
 
 def shard(x, views=1):
     """[views*B, ...] view-major -> this rank's [views*b, ...]: rows r*b..(r+1)*b of each block."""
-    rank, size = world()
+    rank, size = world()  # Part 2: (this process's rank, the number of processes)
     blocks = x.unflatten(0, (views, -1))  # [views, B, ...]
     b = blocks.size(1) // size
     return blocks[:, rank * b:(rank + 1) * b].flatten(0, 1)
 
 
 def all_gather(x, views=1):
-    """The inverse of shard, with gradient (Part 2): [views*b, ...] -> [views*B, ...] everywhere."""
+    """The inverse of shard, with gradient: [views*b, ...] -> [views*B, ...] on every process."""
     if world()[1] == 1:
         return x
-    return _AllGather.apply(x.unflatten(0, (views, -1))).flatten(0, 1)
+    return AllGather.apply(x.unflatten(0, (views, -1))).flatten(0, 1)
 
 
-class Run:
-    """A run's bookkeeping: inputs, log, data, dev scores, best state, results (loop: train())."""
+class AllGather(torch.autograd.Function):
+    """[views, b, ...] on each rank -> [views, N*b, ...], rank order, everywhere. Backward: each
+    rank's loss is the whole-batch loss L, so rank r's gradient is its slice of dL summed over the
+    ranks; DDP then averages the parameter gradients over N, which the sum cancels: one step equals
+    one process's step on the whole batch (tests/test_ddp.py)."""
 
-    def __init__(self, cfg, script, models=("model",)):
-        method = Path(script).stem.removesuffix("_min")  # simcse, esimcse, simcsepp or diffcse
-        cfg.out_dir = cfg.out_dir or f"runs/{method}"
-        self.cfg, self.method, self.log_lines = cfg, method, []  # the log waits for start()
-        self.resumed = read_resumed_run(cfg, method)  # --resume: the checkpoint; its cfg into cfg
-        self.device = init_distributed(resolve_device(cfg.device))  # under torchrun: this rank's
-        self.rank, self.world_size = world()
-        check_inputs(cfg, models, self.world_size)  # every flag and input; all problems in one line
-        set_seed(cfg.seed + self.rank)  # dropout masks; data order and views have their own RNGs
-        self.out, self.width, self.signal, self.first_step = Path(cfg.out_dir), None, 0, 0
-        procs = f" x {self.world_size} processes" if self.world_size > 1 else ""
-        self.log(f"{method} | {script} sha256 {sha256_file(script)[:16]} | torch "
-                 f"{torch.__version__} | {self.device}{procs}")
-        self.log("config " + json.dumps(dataclasses.asdict(cfg)))
-        precision, why = choose_precision(cfg.precision, self.device)  # Part 2
-        self.amp = MixedPrecision(precision, self.device)
-        self.log(f"precision {precision}: {why}")
-        with rank0_first():  # rank 0 downloads, the others read what it wrote
-            self.senteval = resolve_senteval(cfg.senteval)
-        load_sts(self.senteval, "test")  # parsed now: a malformed test file fails before training
-        self.dev_history, self.stats_history, self.align_uniform = [], [], []
-        self.best_dev, self.best_step, self.best_state = -math.inf, 0, None
-        self.started = self.last_print = time.time()
+    @staticmethod
+    def forward(ctx, x):
+        parts = [torch.empty_like(x) for _ in range(world()[1])]
+        dist.all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim=1)
 
-    def log(self, msg):
-        """Print, and append to out_dir/log.txt (held back until start() opens out_dir). Rank 0."""
-        if self.rank == 0:
-            print(msg, flush=True)
-            if self.log_lines is not None:
-                return self.log_lines.append(msg)
-            with open(self.out / "log.txt", "a", encoding="utf-8") as f:
-                f.write(msg + "\n")
-
-    def load_model(self, mlm_head=False):
-        with rank0_first():  # a download happens once
-            tok = Tokenizer.from_pretrained(self.cfg.model)
-            model = Bert.from_pretrained(self.cfg.model, mlm_head, self.cfg.dropout, self.rank > 0)
-        check_positions(model, self.cfg.max_len)  # Part 2: --max_len against the model
-        return tok, model  # on the CPU: the train() of each method moves it
-
-    def load_data(self, tok, one_column=False):
-        """The training file, tokenized once ([CLS] and [SEP] in max_len); the STS-B dev set."""
-        with rank0_first():  # rank 0 tokenizes and writes the token cache, the others read it
-            data, seconds, hit = tokenize_file(tok, resolve_data(self.cfg.data), self.cfg.max_len)
-        self.data_sha256 = data.sha256  # a --resume must find the same data
-        if one_column and data.cols != 1:
-            raise UserError(f"{self.cfg.data} has {data.cols} columns: {self.method} is "
-                            f"unsupervised, one sentence a line (supervised: simcse_min.py)")
-        self.log(f"data {self.cfg.data}: {len(data)} rows x {data.cols} column(s), "
-                 + ("read from the token cache" if hit else "tokenized") + f" in {seconds:.1f}s")
-        self.dev = DevSet(tok, self.senteval) if self.rank == 0 else None  # rank 0 evaluates
-        self.log("evaluation: STS-B dev Spearman; align/uniform: alignment (dev pairs, gold > 4) "
-                 "and uniformity (distinct dev sentences) of the same [CLS] vectors")
-        return data
-
-    def total_steps(self, n_rows):
-        """Steps of the whole run: full batches per epoch x epochs, or --max_steps if smaller."""
-        self.n_rows, self.per_epoch = n_rows, n_rows // self.cfg.batch_size
-        if self.per_epoch == 0:
-            raise UserError(f"the data has {n_rows} rows, fewer than one batch of "
-                            f"{self.cfg.batch_size}")
-        self.total = min(self.per_epoch * self.cfg.epochs, self.cfg.max_steps or math.inf)
-        return self.total
-
-    def compile(self, model):
-        return compile_encoder(self, model)  # --compile (Part 2): torch.compile, static shapes
-
-    def start(self, saved):
-        """Open out_dir, catch Ctrl-C/SIGTERM -> (0, {}), or the --resume step and its stats."""
-        step, stats = restore_checkpoint(self, saved) if self.resumed else (0, {})  # or refused
-        open_out_dir(self)
-        catch_signals(self)
-        return step, stats
-
-    def ddp(self, module):
-        """DistributedDataParallel around a trained module under torchrun; else the module."""
-        return wrap_ddp(module, self.device)
-
-    def batches(self, data, tok, start):
-        """ids, mask [B, C, L] for steps start+1..total; shuffled per epoch, full batches only."""
-        for step in range(start, self.total):
-            epoch, position = divmod(step, self.per_epoch)
-            if position == 0 or step == start:  # a fresh permutation per (seed, epoch)
-                order = torch.randperm(len(data), generator=torch.Generator().manual_seed(
-                    self.cfg.seed * 1000 + epoch)).tolist()
-            rows = order[position * self.cfg.batch_size:(position + 1) * self.cfg.batch_size]
-            yield collate(tok, [data[i] for i in rows], self.device, self.width)
-
-    def log_progress(self, step, stats):
-        """A progress line about every 10 seconds between evaluations."""
-        if time.time() - self.last_print > 10:
-            rate = (step - self.first_step) / (time.time() - self.started)
-            self.last_print = time.time()
-            self.log(f"step {step}/{self.total} | {format_stats(stats, self.amp)} | {rate:.2f} "
-                     f"steps/s | eta {(self.total - step) / rate / 60:.1f} min")
-
-    def evaluate(self, step, model, stats):
-        """STS-B dev Spearman of the raw [CLS], logged; rank 0 evaluates (NaN elsewhere)."""
-        if self.rank > 0:
-            return math.nan
-        dev = self.dev.score(unwrap(model), Progress("STS-B dev"))
-        align, uniform = self.dev.align_uniform
-        self.dev_history.append([step, round(dev, 4)])
-        self.align_uniform.append([step, round(align, 6), round(uniform, 6)])  # NaN: JSON null
-        self.stats_history.append([step, {k: float(v) for k, v in stats.items()}])
-        best, at = (dev, step) if dev > self.best_dev else (self.best_dev, self.best_step)
-        seconds, steps = time.time() - self.started, step - self.first_step
-        pace = f"{1000 * seconds / steps:.0f} ms/step" if steps else f"start-up {seconds:.1f} s"
-        self.log(f"step {step} | {format_stats(stats, self.amp)} | stsb_dev {dev:.2f} | align "
-                 f"{align:.4f} uniform {uniform:.4f} | best {best:.2f} @ {at} | {pace}")
-        return dev
-
-    def keep_best(self, step, dev, model):
-        """The best state so far, in memory: the test table and the saved model use it."""
-        self.best_dev, self.best_step = dev, step
-        self.best_state = {k: v.detach().clone() for k, v in unwrap(model).state_dict().items()}
-
-    def finish(self, model, tok, stopped=None):
-        """Best state -> test table, model, results.json in out_dir (rank 0); signals caught."""
-        if self.rank > 0:
-            release_run(self)
-            return {}
-        model = unwrap(model)
-        if self.best_state is not None:
-            model.load_state_dict(self.best_state)
-        test = evaluate_sts(model, tok, self.senteval, "test", "cls", progress=Progress("STS test"))
-        self.log(format_table(test))
-        model.save_pretrained(self.out, tok)
-        results = {"method": self.method, "config": dataclasses.asdict(self.cfg),
-                   "dev_history": self.dev_history, "stats_history": self.stats_history,
-                   "align_uniform": self.align_uniform, "align_uniform_on": "STS-B dev",
-                   "best_step": self.best_step, "best_dev": round(self.best_dev, 4),
-                   "test": {k: round(v, 4) for k, v in test.items() if k != "details"},
-                   "test_details": test["details"],
-                   "train_seconds": round(time.time() - self.started, 1),
-                   **({"stopped": stopped} if stopped else {})}
-        write_json(self.out / "results.json", results)
-        (self.out / "checkpoint.pt").unlink(missing_ok=True)
-        self.log(f"best stsb_dev {self.best_dev:.2f} @ step {self.best_step}; model and "
-                 f"results.json in {self.out}")
-        release_run(self)
-        return results
-
-    def stop_non_finite(self, step, loss, model, tok):
-        """A non-finite loss: write the best model so far and results.json -> the error to raise."""
-        msg = f"the loss became {loss} at step {step}: stopping (try a lower --lr)"
-        self.log(msg)
-        self.finish(model, tok, stopped=msg)
-        return TrainingStopped(f"{msg}; the best model (step {self.best_step}) is in {self.out}")
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()  # all_reduce works in place: not on autograd's buffer
+        dist.all_reduce(grad)  # sum over ranks
+        rank, size = world()
+        b = grad.size(1) // size
+        return grad[:, rank * b:(rank + 1) * b]
 
 
 # ==================================================================================================
@@ -778,7 +635,6 @@ import gc
 import hashlib
 import http.client
 import inspect
-import multiprocessing
 import os
 import shutil
 import signal
@@ -808,13 +664,6 @@ class RunFinished(UserError):
 class TrainingStopped(UserError):
     """The run stopped itself (a non-finite loss) after writing the best model so far: exit 3."""
     exit_code = 3
-
-
-def set_seed(seed):
-    """Python's, numpy's and torch's global generators."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def format_stats(stats, amp=None):  # "loss 0.1234 | rtd 0.5678"; step 0, no training: "loss -"
@@ -870,44 +719,38 @@ DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F
 
 
 def read_safetensors(path):
-    """A .safetensors file -> {name: tensor}, every size and offset checked before allocating."""
+    """A .safetensors file -> {name: tensor}: the header's dtypes, shapes and offsets must tile the
+    data bytes exactly, checked before any tensor is made (a hostile header allocates nothing)."""
     def bad(why):
         return CheckpointError(f"{path}: not a valid safetensors file: {why}")
     if not Path(path).is_file():
         raise CheckpointError(f"{path} is missing or not a file")
     data = Path(path).read_bytes()  # 8 bytes: the header's size, the JSON header, the tensors
-    if len(data) < 8:
-        raise bad(f"{len(data)} bytes, too short to hold the 8-byte header size (truncated?)")
     n = int.from_bytes(data[:8], "little")
-    if n > min(len(data) - 8, 100_000_000):  # the safetensors library's own limit
-        raise bad(f"the header claims {n} bytes but the file has {len(data) - 8} after the size "
-                  f"field (truncated?)")
+    if len(data) < 8 or n > min(len(data) - 8, 100_000_000):  # the safetensors library's limit
+        raise bad(f"{len(data)} bytes, too short to hold the 8-byte header size (truncated?)"
+                  if len(data) < 8 else f"the header claims {n} bytes but the file has "
+                  f"{len(data) - 8} after the size field (truncated?)")
+    body, spans, end = memoryview(data)[8 + n:], {}, 0
     try:
         header = json.loads(data[8:8 + n].decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise bad(f"the header is not valid JSON ({type(e).__name__})") from None
-    if not isinstance(header, dict) or not isinstance(header.pop("__metadata__", {}), dict):
-        raise bad("the header (or its __metadata__) is not a JSON object")
-    body, spans, end = memoryview(data)[8 + n:], [], 0
-    for name, info in header.items():
-        info = info if isinstance(info, dict) else {}
-        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-        lo, hi = offsets if isinstance(offsets, list) and len(offsets) == 2 else (None, None)
-        ok = (isinstance(dtype, str) and dtype in DTYPES and isinstance(shape, list) and
-              len(shape) <= 64 and all(type(d) is int and 0 <= d < 2**62 for d in [*shape, lo, hi])
-              and lo <= hi <= len(body))
-        if not ok or math.prod(shape) * DTYPES[dtype].itemsize != hi - lo:
-            raise bad(f"tensor {name[:80]!r}: dtype, shape or data offsets {repr(info)[:120]} fall "
-                      f"outside or do not fit the {len(body)} data bytes")
-        spans.append((lo, hi, name, DTYPES[dtype], shape))
-    for lo, hi, name, _, _ in sorted(spans, key=lambda s: s[:2]):
-        if lo != end:
-            raise bad(f"tensor {name[:80]!r} starts at byte {lo}, expected {end} (overlap or gap)")
-        end = hi
+        header.pop("__metadata__", None)
+        for name, info in sorted(header.items(), key=lambda item: item[1]["data_offsets"]):
+            (lo, hi), dtype, shape = info["data_offsets"], DTYPES[info["dtype"]], info["shape"]
+            if not (type(shape) is list and len(shape) <= 64 and lo == end and all(
+                    type(d) is int and 0 <= d < 2**62 for d in [*shape, lo, hi]) and
+                    hi - lo == math.prod(shape) * dtype.itemsize):
+                raise bad(f"tensor {name[:80]!r}: dtype, shape or data offsets {repr(info)[:120]} "
+                          f"do not follow on at byte {end} of the {len(body)} data bytes")
+            spans[name], end = (lo, hi, dtype, shape), hi
+    except (UnicodeDecodeError, ValueError, RecursionError, TypeError, KeyError,
+            AttributeError) as e:
+        raise bad(f"the header is not a JSON object of tensors ({type(e).__name__})") from None
     if end != len(body):
-        raise bad(f"the tensors cover {end} of {len(body)} data bytes")
+        raise bad(f"the tensors span {end} data bytes but the file holds {len(body)}" +
+                  " (truncated?)" * (end > len(body)))
     return {name: torch.frombuffer(bytearray(body[lo:hi]), dtype=dtype).reshape(shape) if hi > lo
-            else torch.empty(shape, dtype=dtype) for lo, hi, name, dtype, shape in spans}
+            else torch.empty(shape, dtype=dtype) for name, (lo, hi, dtype, shape) in spans.items()}
 
 
 def write_safetensors(path, tensors, metadata=None):
@@ -982,24 +825,49 @@ def read_bpe(folder):
     return vocab, merges
 
 
+def read_tokenizer_files(name_or_dir):
+    """A model folder's (or known name's) tokenizer files, checked: {vocab, merges} for RoBERTa's
+    BPE, else {vocab, do_lower_case, strip_accents} for WordPiece."""
+    folder = resolve_model(name_or_dir)
+    if (folder / "merges.txt").exists():
+        return dict(zip(("vocab", "merges"), read_bpe(folder)))
+    vocab, config = read_vocab(folder)
+    return {"vocab": vocab, "do_lower_case": config.get("do_lower_case", True),
+            "strip_accents": config.get("strip_accents")}
+
+
 DISTILBERT_CONFIG = {"dim": "hidden_size", "n_layers": "num_hidden_layers", "n_heads":
                      "num_attention_heads", "hidden_dim": "intermediate_size", "dropout":
                      "hidden_dropout_prob", "attention_dropout": "attention_probs_dropout_prob",
                      "activation": "hidden_act", "sinusoidal_pos_embds": "sinusoidal"}
 
 
-def read_model_folder(folder):
-    """config.json -> a checked BertConfig; the weights, whose size must fit it before the model is
-    allocated (a hostile config.json must not exhaust memory) -> (cfg, tensors, model_type)."""
+def read_weights(name_or_dir, mlm_head=False, quiet=False):
+    """A model folder or known name -> (BertConfig, its weights in our names). Every tensor the
+    model needs, shaped as config.json says: compared with a model built on the meta device (no
+    memory), so a hostile config.json allocates nothing; the vocabulary must fit the embeddings."""
+    folder = resolve_model(name_or_dir)
+    cfg = read_config(folder)
+    with torch.device("meta"):
+        expected = Bert(cfg, mlm_head).state_dict()
+    state, unused = rename_checkpoint(read_tensors(folder), cfg.model_type, expected, mlm_head)
+    has_vocab = (folder / "vocab.txt").exists() or (folder / "merges.txt").exists()
+    words = max(read_tokenizer_files(folder)["vocab"].values()) + 1 if has_vocab else 0
+    if words > cfg.vocab_size:  # a token id past the embedding rows would fail mid-training
+        raise CheckpointError(f"{folder}: its vocabulary has {words} tokens but the embeddings "
+                              f"have {cfg.vocab_size} rows (config.json vocab_size): it mixes two "
+                              f"models")
+    if unused and not quiet:
+        note_unused(folder, unused)
+    return cfg, state
+
+
+def read_config(folder):
+    """config.json -> a checked BertConfig: BERT, DistilBERT (its names mapped) or RoBERTa."""
     if not (folder / "config.json").is_file():
         raise CheckpointError(f"{folder} has no config.json: not a Hugging Face model folder")
     hf = read_json(folder / "config.json", "the model's config.json")
     kind = hf.get("model_type", "bert") if isinstance(hf, dict) else None
-    lacking = [k for k in [*DISTILBERT_CONFIG][:6] + ["vocab_size", "max_position_embeddings"]
-               if kind == "distilbert" and k not in hf]
-    if kind is None or lacking:
-        raise CheckpointError(f"{folder}: config.json " + (f"lacks {lacking}" if lacking else
-                                                           "is not a JSON object"))
     if kind == "distilbert":
         hf = {DISTILBERT_CONFIG.get(k, k): v for k, v in hf.items()} | {"type_vocab_size": 0}
     if kind not in ("bert", "distilbert", "roberta") or hf.get("hidden_act", "gelu") != "gelu" or \
@@ -1007,14 +875,11 @@ def read_model_folder(folder):
         raise CheckpointError(f"{folder}: model_type {kind!r}: only BERT/DistilBERT/RoBERTa with "
                               f"GELU and learned absolute positions is supported")
     cfg = BertConfig(**{f.name: hf[f.name] for f in dataclasses.fields(BertConfig) if f.name in hf})
-    cfg.model_type = kind
-    values = dataclasses.asdict(cfg)
+    cfg.model_type, values = kind, dataclasses.asdict(cfg)
     bad = [k for k, v in values.items() if k.endswith(("_size", "_layers", "_heads", "_embeddings"))
            and not (type(v) is int and v >= (k != "type_vocab_size"))]  # 0 types: DistilBERT
-    bad += [k for k, v in values.items()
-            if k.endswith("_prob") and not (type(v) in (int, float) and 0 <= v < 1)]
-    bad += [] if type(cfg.layer_norm_eps) in (int, float) and 0 < cfg.layer_norm_eps < 1 else \
-        ["layer_norm_eps"]
+    bad += [k for k, v in values.items() if k.endswith(("_prob", "_eps")) and not (
+        type(v) in (int, float) and 0 <= v < 1 and (v > 0 or k.endswith("_prob")))]
     if not bad and cfg.hidden_size % cfg.num_attention_heads:  # the heads must split the width
         bad = ["hidden_size", "num_attention_heads"]
     if not bad and not (type(cfg.pad_token_id) is int and 0 <= cfg.pad_token_id < cfg.vocab_size):
@@ -1022,24 +887,10 @@ def read_model_folder(folder):
     if bad:
         raise CheckpointError(f"{folder}: config.json has unusable values: "
                               + ", ".join(f"{k}={values[k]!r}" for k in bad[:4]))
-    H, I, tensors = cfg.hidden_size, cfg.intermediate_size, read_weights(folder)
-    needed = (cfg.vocab_size + cfg.max_position_embeddings + cfg.type_vocab_size) * H + \
-        cfg.num_hidden_layers * (4 * H * H + 2 * H * I)  # the encoder's parameters
-    stored = sum(t.numel() for t in tensors.values())
-    if needed > stored:
-        raise CheckpointError(f"{folder}: config.json describes {needed:,} parameters but "
-                              f"the weights hold {stored:,} numbers: they do not belong together")
-    vocab = read_bpe(folder)[0] if (folder / "merges.txt").exists() else \
-        read_vocab(folder)[0] if (folder / "vocab.txt").exists() else {}
-    words = max(vocab.values(), default=-1) + 1
-    if words > cfg.vocab_size:  # a token id past the embedding rows would fail mid-training
-        raise CheckpointError(f"{folder}: its vocabulary has {words} tokens but the embeddings "
-                              f"have {cfg.vocab_size} rows (config.json vocab_size): it mixes two "
-                              f"models")
-    return cfg, tensors, kind
+    return cfg
 
 
-def read_weights(folder):
+def read_tensors(folder):
     """model.safetensors, else pytorch_model.bin read with weights_only (never unpickling code)."""
     if (folder / "model.safetensors").exists():
         return read_safetensors(folder / "model.safetensors")
@@ -1086,10 +937,10 @@ def hf_name(name, kind="bert"):
     return ".".join(table.get(n, n) for n in names) + f".{param}"
 
 
-def rename_checkpoint(tensors, model_type, model):
-    """Checkpoint tensors -> (state_dict in our names, unused keys); every model tensor filled with
-    the right shape, else a CheckpointError naming the missing or mismatched ones."""
-    expected, state, unused = model.state_dict(), {}, set()
+def rename_checkpoint(tensors, model_type, expected, mlm_head):
+    """Checkpoint tensors -> (state_dict in our names, unused keys); every tensor of `expected` (our
+    names: shapes, dtypes) filled, else a CheckpointError naming the missing or mismatched ones."""
+    state, unused = {}, set()
     ours = {hf_name(k, model_type): k for k in expected}
     words = next((v for k, v in tensors.items() if k.endswith("embeddings.word_embeddings.weight")),
                  None)
@@ -1097,10 +948,10 @@ def rename_checkpoint(tensors, model_type, model):
         bare = re.sub(r"^(bert|distilbert|roberta)\.", "", key)
         bare = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", bare)  # legacy names [HF #11809]
         bare = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", bare)
-        if bare in TIED and model.mlm is not None and (words is None or not torch.equal(t, words)):
+        if bare in TIED and mlm_head and (words is None or not torch.equal(t, words)):
             raise CheckpointError(f"{key} is not tied to the word embeddings; this BERT ties them")
         if bare in ours:
-            state[ours[bare]] = t.to(expected[ours[bare]].dtype)
+            state[ours[bare]] = t
         elif bare not in TIED | SKIPPED:
             unused.add(key)
     missing = [k for k in expected if k not in state]
@@ -1113,7 +964,7 @@ def rename_checkpoint(tensors, model_type, model):
            if state[k].shape != v.shape]
     if bad:
         raise CheckpointError("checkpoint tensors do not match config.json: " + "; ".join(bad[:4]))
-    return state, unused
+    return {k: t.to(expected[k].dtype) for k, t in state.items()}, unused
 
 
 _NOTED = set()
@@ -1418,6 +1269,46 @@ def resolve_senteval(path, mode="test"):
     return download_senteval()
 
 
+SPLIT_FILES = {"STSBenchmark": {s: f"STS/STSBenchmark/sts-{s}.csv"
+                                for s in ("train", "dev", "test")},
+               "SICKRelatedness": {"train": "SICK/SICK_train.txt", "dev": "SICK/SICK_trial.txt",
+                                   "test": "SICK/SICK_test_annotated.txt"}}
+
+
+def _joined(s):
+    return " ".join(s.split())  # SentEval splits on whitespace; its batcher re-joins with spaces
+
+
+def load_sts_subset(root, year, subset):
+    """(sentences A, B, gold) of one STS12-16 subset; pairs with an empty gold score dropped."""
+    folder = Path(root) / "STS" / f"{year}-en-test"
+    with malformed_file(folder / f"STS.{{input,gs}}.{subset}.txt"):  # one line naming it
+        lines = (folder / f"STS.input.{subset}.txt").read_text().splitlines()
+        pairs = [r.split("\t") for r in lines]
+        gold = (folder / f"STS.gs.{subset}.txt").read_text().splitlines()
+        keep = [i for i, g in enumerate(gold) if g != ""]  # not_empty_idx [official SentEval]
+        return ([_joined(pairs[i][0]) for i in keep], [_joined(pairs[i][1]) for i in keep],
+                np.array([float(gold[i]) for i in keep]))
+
+
+def load_sts_split(root, task, split):
+    """STS-B (score in column 4, sentences 5-6) or SICK-R (a header; sentences 1-2, score 3)."""
+    path = Path(root) / SPLIT_FILES[task][split]
+    with malformed_file(path):
+        lines = path.read_text().splitlines()
+        rows = [r.strip().split("\t") for r in (lines if task == "STSBenchmark" else lines[1:])]
+        a, b, y = (5, 6, 4) if task == "STSBenchmark" else (1, 2, 3)
+        return [_joined(r[a]) for r in rows], [_joined(r[b]) for r in rows], \
+            np.array([float(r[y]) for r in rows])
+
+
+def load_sts(root, mode="test"):
+    """{task: {subset or split: (A, B, gold)}} for the tasks a mode reports."""
+    tasks = {} if mode != "test" else {year: {s: load_sts_subset(root, year, s) for s in subsets}
+                                       for year, subsets in STS_YEARS.items()}
+    return {**tasks, **{task: {mode: load_sts_split(root, task, mode)} for task in SPLIT_FILES}}
+
+
 def sts_files(mode):
     """Relative paths the evaluation reads in 'test' or 'dev' mode."""
     years = [f"STS/{y}-en-test/STS.{kind}.{s}.txt" for y, subsets in STS_YEARS.items()
@@ -1632,7 +1523,7 @@ def out_dir_problems(out, overwrite):
 
 
 def check_positions(model, max_len):
-    """A model with fewer positions than --max_len (vocab.txt vs rows: in read_model_folder)."""
+    """A model with fewer positions than --max_len (vocab.txt vs rows: in read_weights)."""
     if max_len > model.cfg.max_tokens:
         raise UserError(f"--max_len {max_len} exceeds the model's {model.cfg.max_tokens} positions")
 
@@ -1742,33 +1633,15 @@ def main_guard(fn, *args):
     return result
 
 
-# --- Corpus tokenization speed-ups: all cores, a flat int32 array, a cache on disk ---------------
+# --- Corpus tokenization: a flat int32 array, a cache on disk ----------------------------------
 
-def _encode_chunk(args):
-    tok, texts, max_len = args
-    return [tok.encode(t, max_len) for t in texts]
-
-
-def cpu_workers(cap=16):
-    """The cores this process may use (its affinity, which containers and taskset set), at most
-    `cap`: tokenization gains little past that, and each worker holds a copy of the tokenizer."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(cap, cores or 1))
-
-
-def tokenize_corpus(tok, texts, max_len=None, workers=None, min_parallel=20_000):
-    """Sentences -> id lists; `workers` processes (cpu_workers()) from `min_parallel` sentences on.
-    Forked before any model is on a GPU; under torchrun (its threads running) spawned instead."""
-    workers, progress, out = workers or cpu_workers(), Progress("corpus", "sentences tokenized"), []
-    serial = workers == 1 or len(texts) < min_parallel
-    size = 10_000 if serial else math.ceil(len(texts) / (4 * workers))  # chunks as before progress
-    chunks = [(tok, texts[i:i + size], max_len) for i in range(0, len(texts), size)]
-    fork = sys.platform == "linux" and world()[1] == 1
-    with contextlib.nullcontext() if serial else \
-            multiprocessing.get_context("fork" if fork else "spawn").Pool(workers) as pool:
-        for part in map(_encode_chunk, chunks) if serial else pool.imap(_encode_chunk, chunks):
-            out += part
-            progress(len(out), len(texts))
+def tokenize_corpus(tok, texts, max_len=None):
+    """Sentences -> id lists, with a progress line on a large corpus. One process: a pool of workers
+    made a 2-core run's set-up 7 % slower [docs/speed.md]."""
+    progress, out = Progress("corpus", "sentences tokenized"), []
+    for i in range(0, len(texts), 10_000):
+        out += [tok.encode(t, max_len) for t in texts[i:i + 10_000]]
+        progress(len(out), len(texts))
     return out
 
 
@@ -1828,20 +1701,188 @@ def tokenize_file(tok, path, max_len):
     return data, time.time() - start, False
 
 
-def compile_encoder(run, model):
-    """--compile: torch.compile the encoder in place; batches padded to max_len (static shapes)."""
-    if run.cfg.compile:  # Module.compile keeps parameter names; model.encode stays eager
-        run.width = run.cfg.max_len
-        model.compile(mode="reduce-overhead" if run.device.type == "cuda" else None)
-        run.log("compiled the encoder (torch.compile); the first steps include the compilation")
-    return model
-
-
 # --- Resumable runs: out_dir, checkpoint.pt, Ctrl-C and SIGTERM ---------------------------------
 # out_dir/checkpoint.pt is one state dict: step, config, the objects train() names in `saved`
 # (model, heads, optimizer, scheduler, a method's own state such as ESimCSE's queue), the best
 # state, the histories and every RNG state as tensors, written atomically (a crash at any moment
 # leaves the previous checkpoint whole) and read back with weights_only=True.
+
+class Run:
+    """A training run's operations, which train() calls by name: inputs checked, out_dir and its
+    lock, log.txt, the data, checkpoints, Ctrl-C/SIGTERM, torchrun. The loop stays in train()."""
+
+    def __init__(self, cfg, script, models=("model",)):
+        method = Path(script).stem.removesuffix("_min")  # simcse, esimcse, simcsepp or diffcse
+        cfg.out_dir = cfg.out_dir or f"runs/{method}"
+        self.cfg, self.method, self.log_lines = cfg, method, []  # the log waits for start()
+        self.resumed = read_resumed_run(cfg, method)  # --resume: the checkpoint; its cfg into cfg
+        self.device = init_distributed(resolve_device(cfg.device))  # under torchrun: this rank's
+        self.rank, self.world_size = world()
+        check_inputs(cfg, models, self.world_size)  # the first bad flag or input: one line
+        torch.manual_seed(cfg.seed + self.rank)  # dropout; data order and views have their own RNGs
+        self.out, self.signal, self.first_step = Path(cfg.out_dir), 0, 0
+        procs = f" x {self.world_size} processes" if self.world_size > 1 else ""
+        self.log(f"{method} | {script} sha256 {sha256_file(script)[:16]} | torch "
+                 f"{torch.__version__} | {self.device}{procs}")
+        self.log("config " + json.dumps(dataclasses.asdict(cfg)))
+        precision, why = choose_precision(cfg.precision, self.device)
+        self.amp = MixedPrecision(precision, self.device)
+        self.log(f"precision {precision}: {why}")
+        with rank0_first():  # rank 0 downloads, the others read what it wrote
+            self.senteval = resolve_senteval(cfg.senteval)
+        load_sts(self.senteval, "test")  # parsed now: a malformed test file fails before training
+        self.dev_history, self.stats_history, self.align_uniform = [], [], []
+        self.started = self.last_print = time.time()
+
+    def log(self, msg):
+        """Print, and append to out_dir/log.txt (held back until start() opens out_dir). Rank 0."""
+        if self.rank == 0:
+            print(msg, flush=True)
+            if self.log_lines is not None:
+                return self.log_lines.append(msg)
+            with open(self.out / "log.txt", "a", encoding="utf-8") as f:
+                f.write(msg + "\n")
+
+    def load_model(self, flag="--model", mlm_head=False):
+        """Tokenizer and Bert.from_pretrained of the flag's model, on the CPU (--dropout applies to
+        --model's). Rank 0 downloads it once, the others read what it wrote."""
+        with rank0_first():
+            folder = resolve_model(getattr(self.cfg, flag[2:]), flag)
+        dropout = self.cfg.dropout if flag == "--model" else None
+        model = Bert.from_pretrained(folder, mlm_head, dropout, quiet=self.rank > 0)
+        check_positions(model, self.cfg.max_len)  # --max_len against the model
+        return Tokenizer.from_pretrained(folder), model
+
+    def load_data(self, tok, one_column=False):
+        """The training file, tokenized once ([CLS] and [SEP] in max_len) and cached on disk."""
+        with rank0_first():  # rank 0 tokenizes and writes the token cache, the others read it
+            data, seconds, hit = tokenize_file(tok, resolve_data(self.cfg.data), self.cfg.max_len)
+        self.data_sha256, self.n_rows = data.sha256, len(data)  # a --resume must find the same
+        if one_column and data.cols != 1:
+            raise UserError(f"{self.cfg.data} has {data.cols} columns: {self.method} is "
+                            f"unsupervised, one sentence a line (supervised: simcse_min.py)")
+        self.log(f"data {self.cfg.data}: {len(data)} rows x {data.cols} column(s), "
+                 + ("read from the token cache" if hit else "tokenized") + f" in {seconds:.1f}s")
+        self.log("evaluation: STS-B dev Spearman; align/uniform: alignment (dev pairs, gold > 4) "
+                 "and uniformity (distinct dev sentences) of the same [CLS] vectors")
+        return data
+
+    def compile(self, model):
+        """--compile: torch.compile the encoder in place (its batches are padded to max_len)."""
+        if self.cfg.compile:  # Module.compile keeps parameter names; model.encode stays eager
+            model.compile(mode="reduce-overhead" if self.device.type == "cuda" else None)
+            self.log("compiled the encoder (torch.compile): the first steps include compiling it")
+        return model
+
+    def start(self, saved, total):
+        """Open out_dir, catch Ctrl-C/SIGTERM -> (0, {}), or the --resume step and its stats."""
+        self.total = total
+        step, stats = restore_checkpoint(self, saved) if self.resumed else (0, {})  # or refused
+        open_out_dir(self)
+        catch_signals(self)
+        return step, stats
+
+    def ddp(self, module):
+        """DistributedDataParallel around a trained module under torchrun (gradients averaged over
+        the processes); else the module itself."""
+        if self.world_size == 1:
+            return module
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(module, device_ids=ids)
+
+    def progress(self, what):
+        return Progress(what)  # a progress line for a long evaluation
+
+    def log_progress(self, step, stats):
+        """A progress line about every 10 seconds between evaluations."""
+        if time.time() - self.last_print > 10:
+            rate = (step - self.first_step) / (time.time() - self.started)
+            self.last_print = time.time()
+            self.log(f"step {step}/{self.total} | {format_stats(stats, self.amp)} | {rate:.2f} "
+                     f"steps/s | eta {(self.total - step) / rate / 60:.1f} min")
+
+    def log_dev(self, step, dev, stats, best):
+        """The dev evaluation's line in the log, and its place in results.json's histories."""
+        self.dev_history.append([step, round(dev["stsb_dev"], 4)])
+        self.align_uniform.append([step, round(dev["align"], 6), round(dev["uniform"], 6)])
+        self.stats_history.append([step, {k: float(v) for k, v in stats.items()}])
+        seconds, steps = time.time() - self.started, step - self.first_step
+        pace = f"{1000 * seconds / steps:.0f} ms/step" if steps else f"start-up {seconds:.1f} s"
+        self.log(f"step {step} | {format_stats(stats, self.amp)} | stsb_dev {dev['stsb_dev']:.2f} "
+                 f"| align {dev['align']:.4f} uniform {dev['uniform']:.4f} | best "
+                 f"{best['dev']:.2f} @ {best['step']} | {pace}")
+
+    def finish(self, model, tok, test, best, stopped=""):
+        """The test table logged, the model and results.json in out_dir, the run released (rank 0);
+        `stopped` (a non-finite loss): then TrainingStopped, exit status 3."""
+        if stopped:
+            self.log(stopped)
+        self.log(format_table(test))
+        save_pretrained(model, self.out, tok)
+        results = {"method": self.method, "config": dataclasses.asdict(self.cfg),
+                   "dev_history": self.dev_history, "stats_history": self.stats_history,
+                   "align_uniform": self.align_uniform, "align_uniform_on": "STS-B dev",
+                   "best_step": best["step"], "best_dev": round(best["dev"], 4),
+                   "test": {k: round(v, 4) for k, v in test.items() if k != "details"},
+                   "test_details": test["details"],
+                   "train_seconds": round(time.time() - self.started, 1),
+                   **({"stopped": stopped} if stopped else {})}
+        write_json(self.out / "results.json", results)
+        (self.out / "checkpoint.pt").unlink(missing_ok=True)
+        self.log(f"best stsb_dev {best['dev']:.2f} @ step {best['step']}; model and "
+                 f"results.json in {self.out}")
+        self.release()
+        if stopped:
+            raise TrainingStopped(f"{stopped}; the best model (step {best['step']}) is in "
+                                  f"{self.out}")
+        return results
+
+    def release(self):
+        """The end of a run on every rank: signal handlers as they were, out_dir unlocked -> {}."""
+        release_run(self)
+        return {}
+
+    def signal_received(self):
+        """The Ctrl-C/SIGTERM caught so far (0: none) by any rank: under torchrun all stop
+        together."""
+        if self.world_size > 1:
+            flag = torch.tensor([self.signal], device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            self.signal = int(flag)
+        return self.signal
+
+    def save_checkpoint(self, step, saved, stats):
+        """out_dir/checkpoint.pt: all it takes to continue after `step` as if never stopped (rank
+        0): the objects in `saved` (model, heads, optimizer, the best state...), RNGs, histories."""
+        if self.rank > 0:  # the other ranks hold the same state
+            return
+        self.saving = True  # a second signal waits for the checkpoint to be whole
+        try:
+            state = {"format": 5, "method": self.method, "step": step, "total": self.total,
+                     "rows": self.n_rows, "data_sha256": self.data_sha256, "rng": rng_states(),
+                     "device": self.device.type, "config": dataclasses.asdict(self.cfg),
+                     "stats": {k: float(v) for k, v in stats.items()},
+                     "objects": {k: state_of(v) for k, v in saved.items() if v is not None},
+                     "histories": [self.dev_history, self.stats_history, self.align_uniform]}
+            with atomic_write(self.out / "checkpoint.pt", "wb") as f:
+                try:
+                    torch.save(state, f)
+                except RuntimeError as e:  # torch's zip writer says a short write (disk full) so
+                    if "unexpected pos" not in str(e) and "failed writing" not in str(e):
+                        raise
+                    raise OSError(errno.ENOSPC, "a write fell short") from e
+        finally:
+            self.saving = False
+        self.log(f"step {step} | checkpoint saved in {self.out / 'checkpoint.pt'}")
+
+    def exit_on_signal(self, step):
+        """Say how to continue, then exit 128 + signal (the checkpoint of `step` is saved)."""
+        release_run(self)
+        self.log(f"{signal.Signals(self.signal).name} at step {step}: " + (
+            f"checkpoint saved; continue with --resume {self.out}" if step else
+            "stopped before training"))
+        sys.exit(128 + self.signal)
+
 
 def open_out_dir(run):
     """Create out_dir, lock it, write the log so far (before this a bad input leaves no file)."""
@@ -1909,14 +1950,17 @@ def load_checkpoint(path):
         raise CheckpointError(f"{path} is not a readable checkpoint ({type(e).__name__})") from None
     if not (isinstance(ckpt, dict) and isinstance(ckpt.get("config"), dict)):
         raise CheckpointError(f"{path} is not a checkpoint of this program")
-    if ckpt.get("format") != 4:  # 4: + the precision and its loss scaler
+    if ckpt.get("format") != 5:  # 5: the best state among the objects, torch's RNGs only
         raise CheckpointError(f"{path} was written by an older simcse-min (format "
                               f"{ckpt.get('format')!r}); start the run again")
     return ckpt
 
 
 def state_of(obj):
-    """Modules, optimizers, schedulers, generators -> their state; a deque (ESimCSE) -> a list."""
+    """Modules, optimizers, schedulers, generators -> their state; a deque (ESimCSE) -> a list; a
+    dict (the best dev score, its step and state) -> a copy."""
+    if isinstance(obj, dict):
+        return dict(obj)
     for get in ("state_dict", "get_state", "getstate"):  # torch, torch.Generator, random.Random
         if hasattr(obj, get):
             return getattr(obj, get)()
@@ -1929,7 +1973,7 @@ def restore_state(obj, state, device, model, seed):
     if isinstance(obj, torch.Generator) and state.shape != obj.get_state().shape:
         obj.manual_seed(seed)  # deterministic: the same resume draws the same
         return f"the generator state saved is not a {obj.device.type} one: seeded from {seed}"
-    for put in ("load_state_dict", "set_state", "setstate"):
+    for put in ("load_state_dict", "set_state", "setstate", "update"):
         if hasattr(obj, put):
             getattr(obj, put)(state)
             break
@@ -1945,12 +1989,9 @@ def restore_state(obj, state, device, model, seed):
 
 
 def rng_states():
-    """Python's, numpy's, torch's and every CUDA device's generator state, held as tensors."""
-    version, mt, gauss = random.getstate()
-    kind, key, pos, has_gauss, cached = np.random.get_state()
-    return {"python": [version, torch.tensor(mt), gauss],
-            "numpy": [kind, torch.from_numpy(key.astype(np.int64)), pos, has_gauss, cached],
-            "torch": torch.get_rng_state(),
+    """torch's and every CUDA device's generator state (dropout draws from them; Python's and
+    numpy's are never drawn from during training: the data order and views have their own)."""
+    return {"torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
 
 
@@ -1958,10 +1999,6 @@ def set_rng_states(states, device, seed):
     """The inverse of rng_states -> a note, or '' if the generators `device` draws from are as they
     were. Saved where more GPUs were visible: the others' states are not needed. A CUDA generator
     with no saved state (saved on the CPU or fewer GPUs) is seeded from `seed` instead."""
-    version, mt, gauss = states["python"]
-    random.setstate((version, tuple(mt.tolist()), gauss))
-    kind, key, pos, has_gauss, cached = states["numpy"]
-    np.random.set_state((kind, key.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(states["torch"])
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for i, state in enumerate(states["cuda"][:visible]):
@@ -1975,30 +2012,10 @@ def set_rng_states(states, device, seed):
             f"masks of an uninterrupted run)")
 
 
-def save_checkpoint(run, step, saved, stats):
-    """out_dir/checkpoint.pt: all it takes to continue after `step` as if never stopped (rank 0)."""
-    if run.rank > 0:  # the other ranks hold the same state
-        return
-    run.saving = True  # a second signal waits for the checkpoint to be whole
-    try:
-        state = {"format": 4, "method": run.method, "step": step, "total": run.total,
-                 "rows": run.n_rows, "data_sha256": run.data_sha256, "rng": rng_states(),
-                 "device": run.device.type,
-                 "config": dataclasses.asdict(run.cfg),
-                 "stats": {k: float(v) for k, v in stats.items()},
-                 "objects": {k: state_of(v) for k, v in saved.items() if v is not None},
-                 "best": [run.best_dev, run.best_step, run.best_state],
-                 "histories": [run.dev_history, run.stats_history, run.align_uniform]}
-        with atomic_write(run.out / "checkpoint.pt", "wb") as f:
-            torch.save(state, f)
-    finally:
-        run.saving = False
-    run.log(f"step {step} | checkpoint saved in {run.out / 'checkpoint.pt'}")
-
-
 def restore_checkpoint(run, saved):
-    """Every object in `saved`, the best state, the histories and the RNGs back as they were after
-    the checkpoint's step: the continued run is the uninterrupted one -> (that step, its stats)."""
+    """Every object in `saved` (the best state among them), the histories and the RNGs back as they
+    were after the checkpoint's step: the continued run is the uninterrupted one -> (that step,
+    its stats)."""
     ckpt, path = run.resumed, run.out / "checkpoint.pt"
     if ckpt.get("data_sha256") != run.data_sha256:
         raise UserError(f"--resume {run.out}: the data file {run.cfg.data} changed since the run "
@@ -2016,16 +2033,17 @@ def restore_checkpoint(run, saved):
                                            seed))
         if ckpt["objects"]["amp"]["name"] != run.amp.name:
             notes.append(f"saved in {ckpt['objects']['amp']['name']}, continued in {run.amp.name}")
-        run.best_dev, run.best_step, best = ckpt["best"]
+        best = saved["best"]
         if not (type(ckpt["step"]) is int and 0 < ckpt["step"] <= run.total and
-                type(run.best_dev) is float and type(run.best_step) is int and
-                0 <= run.best_step <= ckpt["step"] and json.dumps(ckpt["histories"]) and
+                type(best["dev"]) is float and type(best["step"]) is int and
+                0 <= best["step"] <= ckpt["step"] and json.dumps(ckpt["histories"]) and
                 all(type(v) is float for v in ckpt["stats"].values())):
             raise ValueError("a step, the best score or a history is out of range")
         shapes = {k: (v.shape, v.dtype) for k, v in saved["model"].state_dict().items()}
-        if best is not None and {k: (v.shape, v.dtype) for k, v in best.items()} != shapes:
+        if best["state"] is not None and {k: (v.shape, v.dtype)
+                                          for k, v in best["state"].items()} != shapes:
             raise ValueError("the best state does not fit the model")
-        run.best_state = best and {k: v.to(run.device) for k, v in best.items()}
+        best["state"] = best["state"] and {k: v.to(run.device) for k, v in best["state"].items()}
         run.dev_history, run.stats_history, run.align_uniform = ckpt["histories"]
         notes.append(set_rng_states(ckpt["rng"], run.device, seed))  # last: nothing after it draws
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as e:
@@ -2034,8 +2052,8 @@ def restore_checkpoint(run, saved):
     if run.rank > 0:  # the checkpoint holds rank 0's RNG states: the others draw their own masks
         torch.manual_seed(run.cfg.seed + run.rank + 1000 * ckpt["step"])
     run.first_step = ckpt["step"]
-    run.log(f"resumed from {path} at step {ckpt['step']}/{run.total} (best {run.best_dev:.2f} @ "
-            f"{run.best_step})")
+    run.log(f"resumed from {path} at step {ckpt['step']}/{run.total} (best {best['dev']:.2f} @ "
+            f"{best['step']})")
     for note in filter(None, notes):
         run.log(f"note: {note}")
     return ckpt["step"], ckpt.get("stats", {})  # the stats of that step: its evaluation logs them
@@ -2073,24 +2091,7 @@ def release_run(run):
         run.lock.close()
 
 
-def signal_received(run):
-    """The Ctrl-C/SIGTERM caught so far (0: none) by any rank: under torchrun all stop together."""
-    if run.world_size > 1:
-        flag = torch.tensor([run.signal], device=run.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        run.signal = int(flag)
-    return run.signal
-
-
-def exit_on_signal(run, step):
-    """Say how to continue, then exit 128 + signal (the checkpoint of `step` is saved)."""
-    release_run(run)
-    run.log(f"{signal.Signals(run.signal).name} at step {step}: " + (f"checkpoint saved; continue "
-            f"with --resume {run.out}" if step else "stopped before training"))
-    sys.exit(128 + run.signal)
-
-
-# --- torchrun: process group, DistributedDataParallel (shard and all_gather are in Part 1) ------
+# --- torchrun: the process group (shard, all_gather: Part 1; the DDP wrapping: Run) ----------
 
 def world():
     """(rank, number of processes); (0, 1) without a process group."""
@@ -2117,40 +2118,6 @@ def init_distributed(device):
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return device
-
-
-class _AllGather(torch.autograd.Function):
-    """[views, b, ...] on each rank -> [views, N*b, ...], rank order, everywhere; differentiable.
-    Backward: each rank's loss is the whole-batch loss L, so rank r's gradient is its slice of dL,
-    summed over ranks: DDP then averages parameter gradients over N, which the sum cancels, so one
-    step equals one process's step on the whole batch. [impl] tests/test_ddp.py checks this."""
-
-    @staticmethod
-    def forward(ctx, x):
-        parts = [torch.empty_like(x) for _ in range(world()[1])]
-        dist.all_gather(parts, x.contiguous())
-        return torch.cat(parts, dim=1)
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.contiguous().clone()  # all_reduce works in place: not on autograd's buffer
-        dist.all_reduce(grad)  # sum over ranks
-        rank, size = world()
-        b = grad.size(1) // size
-        return grad[:, rank * b:(rank + 1) * b]
-
-
-def wrap_ddp(module, device):
-    """Under torchrun, DistributedDataParallel (gradients averaged over ranks); else the module."""
-    if world()[1] == 1:
-        return module
-    ids = [device.index] if device.type == "cuda" else None
-    return nn.parallel.DistributedDataParallel(module, device_ids=ids)
-
-
-def unwrap(module):
-    """The module inside DistributedDataParallel (evaluation, state dicts, saving), else itself."""
-    return module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
 
 
 def leave_distributed():
@@ -2184,32 +2151,6 @@ import xml.sax.saxutils
 
 # --- Analysis: alignment and uniformity, singular values, similarity by gold score -------------
 
-POSITIVE_GOLD = 4.0  # pairs with gold > 4 are positives [SimCSE §5 fn. 3; DiffCSE Table 11]
-
-
-def alignment(x, y):  # x, y [N, H] positive pairs -> E ||x - y||^2, L2-normalised (lower is better)
-    x, y = F.normalize(x.double(), dim=-1), F.normalize(y.double(), dim=-1)
-    return (x - y).pow(2).sum(-1).mean().item()  # [Wang & Isola 2020, Eq. 2]; NaN without a pair
-
-
-def uniformity(x):  # x [N, H] -> log E exp(-2 ||x_i - x_j||^2) over pairs i < j (lower is better)
-    x = F.normalize(x.double(), dim=-1)
-    return torch.pdist(x).pow(2).mul(-2).exp().mean().log().item()  # i < j only [Wang & Isola]
-
-
-def align_uniform(a, b, gold, distinct):  # a, b [N, H] pairs, gold [N], distinct [M, H]
-    positive = torch.as_tensor(np.asarray(gold) > POSITIVE_GOLD)  # [N] bool
-    return alignment(a[positive], b[positive]), uniformity(distinct)
-
-
-def distinct_indices(sentences):
-    """The first index of each distinct sentence: uniformity counts a repeated sentence once."""
-    first = {}
-    for i, s in enumerate(sentences):
-        first.setdefault(s, i)
-    return sorted(first.values())
-
-
 SCORE_GROUPS = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]  # [SimCSE App. G]; the edges are ours
 GROUP_STATS = ("mean", "std", "min", "q05", "q25", "median", "q75", "q95", "max")
 
@@ -2240,7 +2181,8 @@ def analyze_model(model, tok, root, pooler="cls", split="test", batch_size=128):
     vectors = encode_sentences(model, tok, unique, pooler, batch_size,  # [M, H], as `eval` has them
                                progress=Progress(f"STS-B {split}"))
     va, vb = vectors[[index[s] for s in a]], vectors[[index[s] for s in b]]  # [N, H] each
-    (align, uniform), sims = align_uniform(va, vb, gold, vectors), cosine(va, vb)  # sims [N]
+    positive, sims = torch.as_tensor(gold > POSITIVE_GOLD), cosine(va, vb)  # [N] bool, sims [N]
+    align, uniform = alignment(va[positive], vb[positive]), uniformity(vectors)
     return {"split": f"STS-B {split}", "pooler": pooler, "pairs": len(gold),
             "positive_pairs": int((gold > POSITIVE_GOLD).sum()), "sentences": len(unique),
             "alignment": align, "uniformity": uniform,

@@ -18,9 +18,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (Run, all_gather, exit_on_signal, main_guard, make_optimizer, optimizer_step,
-                    parse_args, save_checkpoint, shard, signal_received, upcast)
-from common import Bert, Tokenizer, UserError, rank0_first, resolve_model
+from common import (DevSet, Run, all_gather, epoch_batches, evaluate_dev, evaluate_sts, keep_best,
+                    main_guard, make_optimizer, optimizer_step, parse_args, shard, total_steps,
+                    upcast)
+from common import UserError  # DiffCSE
 
 
 # ---- Config
@@ -115,13 +116,12 @@ class Discriminator(nn.Module):
         return self.head(self.bert.encode(x, mask))
 
 
-def load_generator(name, tok):
+def load_generator(run, tok):
     """The frozen masked LM, never in the optimizer [paper §4.1], with the vocabulary of tok."""
-    with rank0_first():  # a download happens once
-        folder = resolve_model(name, "--generator")
-    generator = Bert.from_pretrained(folder, mlm_head=True)  # a masked LM, with its MLM head
-    if Tokenizer.from_pretrained(folder).vocab != tok.vocab:  # [official DiffCSE issue #1]
-        raise UserError(f"--generator {name} has another vocabulary (RoBERTa: distilroberta-base)")
+    generator_tok, generator = run.load_model("--generator", mlm_head=True)  # with its MLM head
+    if generator_tok.vocab != tok.vocab:  # [official DiffCSE issue #1]
+        raise UserError(f"--generator {run.cfg.generator} has another vocabulary (RoBERTa: "
+                        f"distilroberta-base)")
     return generator.requires_grad_(False)
 
 
@@ -163,7 +163,7 @@ def train_step(model, head, ids, mask, cfg, disc, generator, tok, gen):
     specials = (tok.cls_id, tok.sep_id)
     masked, _ = mask_tokens(ids, mask, cfg.mask_ratio, tok.mask_id, len(tok.vocab), specials, gen)
     ids, mask, masked = (shard(t, views=2) for t in (ids, mask, masked))  # [2b, L]: this process's
-    h = head(all_gather(model(ids, mask, cls_only=True)[:, 0], views=2))  # [2B, H], every process
+    h = head(all_gather(model(ids, mask, cls_only=True), views=2))  # [2B, H], every process
     corrupted, labels = corrupt(generator, masked, ids, mask, tok)  # [2b, L]
     logits = disc(corrupted, mask, shard(h, views=2))  # [2b, L, 2], with gradient into h
     logits, labels, mask = (all_gather(t, views=2) for t in (logits, labels, mask))  # [2B, L(, 2)]
@@ -177,46 +177,55 @@ def train_step(model, head, ids, mask, cfg, disc, generator, tok, gen):
 
 def train(cfg):
     run = Run(cfg, __file__, models=("model", "generator"))  # DiffCSE: the generator checked too
-    tok, model = run.load_model()  # on the CPU: the corpus is tokenized before the device
+    tok, model = run.load_model()  # Tokenizer and Bert.from_pretrained(cfg.model), on the CPU
     data = run.load_data(tok, one_column=True)  # DiffCSE: unsupervised only
+    dev_set = DevSet(tok, run.senteval)  # STS-B dev: picks the best step [SimCSE App. B]
     model = model.to(run.device)
     head = BNProjector(model.cfg.hidden_size).to(run.device)  # DiffCSE: the BN projector
     disc = Discriminator(run.load_model()[1]).to(run.device)  # DiffCSE: its own pretrained copy
-    generator = load_generator(cfg.generator, tok).to(run.device)  # DiffCSE: frozen
+    generator = load_generator(run, tok).to(run.device)  # DiffCSE: frozen
     gen = torch.Generator(run.device).manual_seed(cfg.seed)  # DiffCSE: the masking draws
-    total = run.total_steps(len(data))
+    total = total_steps(len(data), cfg)
     params = [*model.parameters(), *head.parameters()]
     params += disc.parameters()  # DiffCSE: the discriminator trains too
     opt, sched = make_optimizer(params, cfg.lr, total, run.device)
-    saved = dict(model=model, head=head, opt=opt, sched=sched, amp=run.amp)  # in a checkpoint
+    best, stopped = dict(dev=-math.inf, step=0, state=None), ""  # the best dev score, step, state
+    saved = dict(model=model, head=head, opt=opt, sched=sched, amp=run.amp, best=best)  # checkpoint
     saved.update(disc=disc, gen=gen)  # DiffCSE
     run.compile(model)
-    start, stats = run.start(saved)  # 0, or the --resume checkpoint's step, all as it was then
-    model, head = run.ddp(model), run.ddp(head)
+    start, stats = run.start(saved, total)  # 0, or the --resume checkpoint's step, as it was then
+    ddp_model, ddp_head = run.ddp(model), run.ddp(head)  # torchrun: gradients averaged; else as is
     model.train(), head.train()
-    disc = run.ddp(disc).train()  # DiffCSE
+    ddp_disc = run.ddp(disc).train()  # DiffCSE
     generator.train()  # DiffCSE subtle: frozen, yet its dropout stays on [official code]
-    batches = run.batches(data, tok, start)
+    batches = epoch_batches(data, tok, cfg, start, total, run.device)
     for step in range(start, total + 1):  # step: optimizer steps done so far
-        stop = signal_received(run)  # Ctrl-C or SIGTERM, the same on every process
+        stop = run.signal_received()  # Ctrl-C or SIGTERM, the same on every process
         due = step == total or cfg.save_every and step % cfg.save_every == 0  # and the last step:
         if step > start and (stop or due):  # the final evaluation and save can be resumed
-            save_checkpoint(run, step, saved, stats)
+            run.save_checkpoint(step, saved, stats)
         if stop:
-            exit_on_signal(run, step)  # exit status 128 + signal; `--resume out_dir` continues
-        if step % cfg.eval_every == 0 or step == total:  # STS-B dev: step 0, every eval_every, last
-            dev = run.evaluate(step, model, stats)
-            if dev > run.best_dev:
-                run.keep_best(step, dev, model)  # in memory; the final test table uses it
+            run.exit_on_signal(step)  # exit status 128 + signal; `--resume out_dir` continues
+        if run.rank == 0 and (step % cfg.eval_every == 0 or step == total):  # step 0, every, last
+            dev = evaluate_dev(model, dev_set, run.progress("STS-B dev"))  # rank 0 evaluates
+            keep_best(best, step, dev["stsb_dev"], model)  # in memory; the test table uses it
+            run.log_dev(step, dev, stats, best)
         if step == total:
             break
         with run.amp.autocast():  # bf16 or fp16 autocast, or none (fp32)
-            loss, stats = train_step(model, head, *next(batches), cfg, disc, generator, tok, gen)
+            loss, stats = train_step(ddp_model, ddp_head, *next(batches), cfg, ddp_disc, generator,
+                                     tok, gen)
         if not math.isfinite(loss.item()):  # stop, keeping the best model so far: exit status 3
-            raise run.stop_non_finite(step + 1, loss.item(), model, tok)
+            stopped = f"the loss became {loss.item()} at step {step + 1}: stopping (lower --lr?)"
+            break
         optimizer_step(loss, opt, sched, run.amp)
         run.log_progress(step + 1, stats)
-    return run.finish(model, tok)
+    if run.rank > 0:  # torchrun: rank 0 alone tests and saves
+        return run.release()
+    if best["state"] is not None:  # the end of the run: back to the best dev state [official]
+        model.load_state_dict(best["state"])
+    test = evaluate_sts(model, tok, run.senteval, "test", progress=run.progress("STS test"))
+    return run.finish(model, tok, test, best, stopped)  # model, results.json; stopped: exit 3
 
 
 # ---- CLI

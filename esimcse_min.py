@@ -22,8 +22,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (Run, all_gather, exit_on_signal, main_guard, make_optimizer, optimizer_step,
-                    parse_args, save_checkpoint, shard, signal_received, upcast)
+from common import (DevSet, Run, all_gather, epoch_batches, evaluate_dev, evaluate_sts, keep_best,
+                    main_guard, make_optimizer, optimizer_step, parse_args, shard, total_steps,
+                    upcast)
 from common import pad_ids  # ESimCSE
 
 
@@ -132,13 +133,13 @@ def train_step(model, head, ids, mask, cfg, momentum, queue, rng):
     B = ids.size(0)
     views = [shard(v, views=2) for v in make_views(ids, mask, cfg.dup_rate, rng, cfg.compile)]
     ids, mask = shard(ids), shard(mask)  # [b, C, L]: this process's rows (one process: all B)
-    cls = model(*views, cls_only=True)[:, 0]  # [V*b, H]
+    cls = model(*views, cls_only=True)  # [V*b, H]
     h = all_gather(head(cls), views=len(cls) // len(ids)).view(-1, B, cls.size(-1))  # [V, B, H]
     queued = torch.stack([*queue]) if queue else h.new_zeros(0, h.size(-1))  # [M, H]
     with torch.autocast(h.device.type, enabled=False):  # the loss math in fp32 at least [DESIGN]
         loss, stats = loss_fn(upcast(h), upcast(queued), cfg.temp)
     if momentum is not None:  # the sentences, through the online head, detached [official code]
-        q = head(momentum(ids[:, 0], mask[:, 0], cls_only=True)[:, 0]).detach()  # [b, H]
+        q = head(momentum(ids[:, 0], mask[:, 0], cls_only=True)).detach()  # [b, H]
         queue.extend(upcast(all_gather(q)).unbind())  # B rows, every process
     return loss, stats
 
@@ -146,47 +147,55 @@ def train_step(model, head, ids, mask, cfg, momentum, queue, rng):
 # ---- Training loop
 
 def train(cfg):
-    run = Run(cfg, __file__)  # checks every input; nothing is written before run.start
-    tok, model = run.load_model()  # on the CPU: the corpus is tokenized before the device
+    run = Run(cfg, __file__)  # operations (common.py Part 2): checks, log, checkpoints, signals
+    tok, model = run.load_model()  # Tokenizer and Bert.from_pretrained(cfg.model), on the CPU
     data = run.load_data(tok, one_column=True)  # ESimCSE: unsupervised only
+    dev_set = DevSet(tok, run.senteval)  # STS-B dev: picks the best step [SimCSE App. B]
     model = model.to(run.device)
     head = MLPHead(model.cfg.hidden_size).to(run.device)
     momentum = momentum_encoder(model) if cfg.queue_size > 0 else None  # ESimCSE: needs a queue
-    total = run.total_steps(len(data))
+    total = total_steps(len(data), cfg)
     params = [*model.parameters(), *head.parameters()]
     opt, sched = make_optimizer(params, cfg.lr, total, run.device)
+    best, stopped = dict(dev=-math.inf, step=0, state=None), ""  # the best dev score, step, state
     rng, queue = random.Random(cfg.seed), collections.deque(maxlen=cfg.queue_size)  # ESimCSE
-    saved = dict(model=model, head=head, opt=opt, sched=sched, amp=run.amp)  # in a checkpoint
+    saved = dict(model=model, head=head, opt=opt, sched=sched, amp=run.amp, best=best)  # checkpoint
     saved.update(momentum=momentum, queue=queue, rng=rng)  # ESimCSE
     run.compile(model)
-    start, stats = run.start(saved)  # 0, or the --resume checkpoint's step, all as it was then
-    model, head = run.ddp(model), run.ddp(head)
+    start, stats = run.start(saved, total)  # 0, or the --resume checkpoint's step, as it was then
+    ddp_model, ddp_head = run.ddp(model), run.ddp(head)  # torchrun: gradients averaged; else as is
     model.train(), head.train()
-    batches = run.batches(data, tok, start)
+    batches = epoch_batches(data, tok, cfg, start, total, run.device)
     for step in range(start, total + 1):  # step: optimizer steps done so far
-        stop = signal_received(run)  # Ctrl-C or SIGTERM, the same on every process
+        stop = run.signal_received()  # Ctrl-C or SIGTERM, the same on every process
         due = step == total or cfg.save_every and step % cfg.save_every == 0  # and the last step:
         if step > start and (stop or due):  # the final evaluation and save can be resumed
-            save_checkpoint(run, step, saved, stats)
+            run.save_checkpoint(step, saved, stats)
         if stop:
-            exit_on_signal(run, step)  # exit status 128 + signal; `--resume out_dir` continues
-        if step % cfg.eval_every == 0 or step == total:  # STS-B dev: step 0, every eval_every, last
-            dev = run.evaluate(step, model, stats)
-            if dev > run.best_dev:
-                run.keep_best(step, dev, model)  # in memory; the final test table uses it
+            run.exit_on_signal(step)  # exit status 128 + signal; `--resume out_dir` continues
+        if run.rank == 0 and (step % cfg.eval_every == 0 or step == total):  # step 0, every, last
+            dev = evaluate_dev(model, dev_set, run.progress("STS-B dev"))  # rank 0 evaluates
+            keep_best(best, step, dev["stsb_dev"], model)  # in memory; the test table uses it
+            run.log_dev(step, dev, stats, best)
         if step == total:
             break
-        if step % run.per_epoch == 0:  # ESimCSE: the queue starts empty every epoch [official code]
+        if step % (len(data) // cfg.batch_size) == 0:  # ESimCSE: empty each epoch [official code]
             queue.clear()
         with run.amp.autocast():  # bf16 or fp16 autocast, or none (fp32)
-            loss, stats = train_step(model, head, *next(batches), cfg, momentum, queue, rng)
+            loss, stats = train_step(ddp_model, ddp_head, *next(batches), cfg, momentum, queue, rng)
         if not math.isfinite(loss.item()):  # stop, keeping the best model so far: exit status 3
-            raise run.stop_non_finite(step + 1, loss.item(), model, tok)
+            stopped = f"the loss became {loss.item()} at step {step + 1}: stopping (lower --lr?)"
+            break
         optimizer_step(loss, opt, sched, run.amp)
         if momentum is not None:  # ESimCSE: θ_m <- μ·θ_m + (1 - μ)·θ, after the step
             momentum_update(momentum, model, cfg.momentum)
         run.log_progress(step + 1, stats)
-    return run.finish(model, tok)
+    if run.rank > 0:  # torchrun: rank 0 alone tests and saves
+        return run.release()
+    if best["state"] is not None:  # the end of the run: back to the best dev state [official]
+        model.load_state_dict(best["state"])
+    test = evaluate_sts(model, tok, run.senteval, "test", progress=run.progress("STS test"))
+    return run.finish(model, tok, test, best, stopped)  # model, results.json; stopped: exit 3
 
 
 # ---- CLI

@@ -19,8 +19,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (Run, all_gather, exit_on_signal, main_guard, make_optimizer, optimizer_step,
-                    parse_args, save_checkpoint, shard, signal_received, upcast)
+from common import (DevSet, Run, all_gather, epoch_batches, evaluate_dev, evaluate_sts, keep_best,
+                    main_guard, make_optimizer, optimizer_step, parse_args, shard, total_steps,
+                    upcast)
 
 
 # ---- Config
@@ -101,7 +102,7 @@ def train_step(model, head, ids, mask, cfg):
     """One forward pass over all views stacked; dropout samples a fresh mask for every row."""
     B = ids.size(0)
     ids, mask = shard(ids), shard(mask)  # [b, C, L]: this process's rows (one process: all B)
-    cls = model(*make_views(ids, mask), cls_only=True)[:, 0]  # [V*b, H]
+    cls = model(*make_views(ids, mask), cls_only=True)  # [V*b, H]
     h = all_gather(head(cls), views=len(cls) // len(ids)).view(-1, B, cls.size(-1))  # [V, B, H]
     with torch.autocast(h.device.type, enabled=False):  # the loss math in fp32 at least [DESIGN]
         loss, stats = loss_fn(upcast(h), cfg.temp, cfg.hard_weight)
@@ -111,40 +112,48 @@ def train_step(model, head, ids, mask, cfg):
 # ---- Training loop
 
 def train(cfg):
-    run = Run(cfg, __file__)  # checks every input; nothing is written before run.start
-    tok, model = run.load_model()  # on the CPU: the corpus is tokenized before the device
-    data = run.load_data(tok)
+    run = Run(cfg, __file__)  # operations (common.py Part 2): checks, log, checkpoints, signals
+    tok, model = run.load_model()  # Tokenizer and Bert.from_pretrained(cfg.model), on the CPU
+    data = run.load_data(tok)  # the corpus tokenized before the model is on the device (cached)
+    dev_set = DevSet(tok, run.senteval)  # STS-B dev: picks the best step [SimCSE App. B]
     model = model.to(run.device)
     head = MLPHead(model.cfg.hidden_size).to(run.device)
-    total = run.total_steps(len(data))
+    total = total_steps(len(data), cfg)
     params = [*model.parameters(), *head.parameters()]
     opt, sched = make_optimizer(params, cfg.lr, total, run.device)
-    saved = dict(model=model, head=head, opt=opt, sched=sched, amp=run.amp)  # in a checkpoint
+    best, stopped = dict(dev=-math.inf, step=0, state=None), ""  # the best dev score, step, state
+    saved = dict(model=model, head=head, opt=opt, sched=sched, amp=run.amp, best=best)  # checkpoint
     run.compile(model)
-    start, stats = run.start(saved)  # 0, or the --resume checkpoint's step, all as it was then
-    model, head = run.ddp(model), run.ddp(head)
+    start, stats = run.start(saved, total)  # 0, or the --resume checkpoint's step, as it was then
+    ddp_model, ddp_head = run.ddp(model), run.ddp(head)  # torchrun: gradients averaged; else as is
     model.train(), head.train()
-    batches = run.batches(data, tok, start)
+    batches = epoch_batches(data, tok, cfg, start, total, run.device)
     for step in range(start, total + 1):  # step: optimizer steps done so far
-        stop = signal_received(run)  # Ctrl-C or SIGTERM, the same on every process
+        stop = run.signal_received()  # Ctrl-C or SIGTERM, the same on every process
         due = step == total or cfg.save_every and step % cfg.save_every == 0  # and the last step:
         if step > start and (stop or due):  # the final evaluation and save can be resumed
-            save_checkpoint(run, step, saved, stats)
+            run.save_checkpoint(step, saved, stats)
         if stop:
-            exit_on_signal(run, step)  # exit status 128 + signal; `--resume out_dir` continues
-        if step % cfg.eval_every == 0 or step == total:  # STS-B dev: step 0, every eval_every, last
-            dev = run.evaluate(step, model, stats)
-            if dev > run.best_dev:
-                run.keep_best(step, dev, model)  # in memory; the final test table uses it
+            run.exit_on_signal(step)  # exit status 128 + signal; `--resume out_dir` continues
+        if run.rank == 0 and (step % cfg.eval_every == 0 or step == total):  # step 0, every, last
+            dev = evaluate_dev(model, dev_set, run.progress("STS-B dev"))  # rank 0 evaluates
+            keep_best(best, step, dev["stsb_dev"], model)  # in memory; the test table uses it
+            run.log_dev(step, dev, stats, best)
         if step == total:
             break
         with run.amp.autocast():  # bf16 or fp16 autocast, or none (fp32)
-            loss, stats = train_step(model, head, *next(batches), cfg)
+            loss, stats = train_step(ddp_model, ddp_head, *next(batches), cfg)
         if not math.isfinite(loss.item()):  # stop, keeping the best model so far: exit status 3
-            raise run.stop_non_finite(step + 1, loss.item(), model, tok)
+            stopped = f"the loss became {loss.item()} at step {step + 1}: stopping (lower --lr?)"
+            break
         optimizer_step(loss, opt, sched, run.amp)
         run.log_progress(step + 1, stats)
-    return run.finish(model, tok)
+    if run.rank > 0:  # torchrun: rank 0 alone tests and saves
+        return run.release()
+    if best["state"] is not None:  # the end of the run: back to the best dev state [official]
+        model.load_state_dict(best["state"])
+    test = evaluate_sts(model, tok, run.senteval, "test", progress=run.progress("STS test"))
+    return run.finish(model, tok, test, best, stopped)  # model, results.json; stopped: exit 3
 
 
 # ---- CLI

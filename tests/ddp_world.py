@@ -73,7 +73,8 @@ def run_method(method):
     trained = {"model": model, "head": head, **({"disc": extra["disc"]} if "disc" in extra else {})}
     opt, sched = common.make_optimizer([p for x in trained.values() for p in x.parameters()], LR,
                                        10, device)
-    wrapped = {k: common.wrap_ddp(x, device) for k, x in trained.items()}
+    ddp = torch.nn.parallel.DistributedDataParallel if common.world()[1] > 1 else lambda x: x
+    wrapped = {k: ddp(x) for k, x in trained.items()}  # as Run.ddp
     args = {**extra, **{k: v for k, v in wrapped.items() if k == "disc"}}
     for x in wrapped.values():
         x.train()

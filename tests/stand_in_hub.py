@@ -192,7 +192,7 @@ def tiny_bert(tmp, name, mlm_head=False, seed=0):
     torch.manual_seed(seed)
     tok = tokenizer()
     model = common.Bert(common.BertConfig.tiny(vocab_size=len(tok.vocab)), mlm_head=mlm_head)
-    model.save_pretrained(tmp / name, tok)
+    common.save_pretrained(model, tmp / name, tok)
     files = folder_files(tmp / name)
     buffer = io.BytesIO()
     torch.save({"bert." + common.hf_name(k): v for k, v in model.state_dict().items()}, buffer)
@@ -206,7 +206,7 @@ def legacy_bert(tmp, seed=0):
     torch.manual_seed(seed)
     tok = tokenizer()
     model = common.Bert(common.BertConfig.tiny(vocab_size=len(tok.vocab)), mlm_head=True)
-    model.save_pretrained(tmp / "legacy", tok)
+    common.save_pretrained(model, tmp / "legacy", tok)
     tensors = {}
     for k, v in model.state_dict().items():
         name = ("" if k.startswith("mlm") else "bert.") + common.hf_name(k)
@@ -251,7 +251,7 @@ def tiny_roberta(tmp, name, seed=2):
     torch.manual_seed(seed)
     model = common.Bert(common.BertConfig.tiny(vocab_size=len(tok.vocab), model_type="roberta",
                                                pad_token_id=1))
-    model.save_pretrained(tmp / name, tok)
+    common.save_pretrained(model, tmp / name, tok)
     return folder_files(tmp / name) | {"tokenizer_config.json": b'{"model_max_length": 512}'}
 
 

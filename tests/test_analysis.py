@@ -116,12 +116,11 @@ def test_dev_set_align_uniform_matches_analyze_model_on_dev(tmp_path):
             if "norm" not in name.lower():  # LayerNorms stay 1 and 0
                 # large random weights: [CLS] vectors that differ from sentence to sentence
                 p.normal_(0, 0.5)
-    dev = common.DevSet(tok, root)
-    dev.score(model)
+    dev = common.evaluate_dev(model, common.DevSet(tok, root))
     expected = common.analyze_model(model, tok, root, "cls", "dev")
     assert expected["positive_pairs"] > 0 and expected["uniformity"] < -0.1
-    assert dev.align_uniform == pytest.approx((expected["alignment"], expected["uniformity"]),
-                                              abs=1e-5)
+    want = (expected["alignment"], expected["uniformity"])
+    assert (dev["align"], dev["uniform"]) == pytest.approx(want, abs=1e-5)
 
 
 @pytest.fixture(scope="module")

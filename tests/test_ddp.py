@@ -3,7 +3,7 @@ against 1 process on the same global batches, dropout 0 and float64 so both see 
 For each method, the loss of each of two steps matches to 1e-6 and every parameter (and BatchNorm
 statistic) after them to 1e-5.
 
-The steps are the method's own training loop pieces (shard, all_gather, Run.ddp's wrap_ddp,
+The steps are the method's own training loop pieces (shard, all_gather, Run.ddp,
 train_step, optimizer_step, the momentum update); both processes are spawned once and run all four
 methods."""
 import importlib
@@ -66,8 +66,9 @@ def test_batch_not_divisible_by_processes_is_a_user_error(two_processes):
 def test_one_process_needs_no_process_group():
     x, linear = torch.arange(12.0).view(6, 2), torch.nn.Linear(2, 2)
     assert torch.equal(common.shard(x, views=2), x) and common.all_gather(x, views=3) is x
-    assert common.wrap_ddp(linear,
-                           torch.device("cpu")) is linear and common.unwrap(linear) is linear
+    run = object.__new__(common.Run)
+    run.world_size = 1
+    assert run.ddp(linear) is linear
 
 
 def test_train_two_processes_end_to_end(tiny_run, two_processes):

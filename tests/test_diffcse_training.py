@@ -44,14 +44,21 @@ def test_generator_frozen_over_a_training_step():
                in model.state_dict().items()), "the encoder did not move"
 
 
+def generator_run(folder):
+    """What load_generator reads of a Run: --generator and the rank that prints."""
+    run = object.__new__(common.Run)
+    run.cfg, run.rank = Config(generator=str(folder), max_len=32), 0
+    return run
+
+
 def test_generator_checkpoint_without_mlm_head_is_a_clear_error(tmp_path):
     torch.manual_seed(0)
-    Bert(BertConfig.tiny()).save_pretrained(tmp_path / "encoder", TOK)
+    common.save_pretrained(Bert(BertConfig.tiny()), tmp_path / "encoder", TOK)
     with pytest.raises(CheckpointError, match="no masked-LM head: a masked language model is "
                                               "needed"):
-        load_generator(tmp_path / "encoder", TOK)
-    Bert(BertConfig.tiny(), mlm_head=True).save_pretrained(tmp_path / "mlm", TOK)
-    generator = load_generator(tmp_path / "mlm", TOK)
+        load_generator(generator_run(tmp_path / "encoder"), TOK)
+    common.save_pretrained(Bert(BertConfig.tiny(), mlm_head=True), tmp_path / "mlm", TOK)
+    generator = load_generator(generator_run(tmp_path / "mlm"), TOK)
     assert generator.mlm is not None and not any(p.requires_grad for p in generator.parameters())
 
 
@@ -59,6 +66,6 @@ def test_generator_with_another_vocabulary_is_refused(tmp_path):
     other = common.Tokenizer(
         {w: i for i, w in enumerate([*common.SPECIAL_TOKENS, *(f"v{i}" for i in range(123))])}
     )
-    Bert(BertConfig.tiny(), mlm_head=True).save_pretrained(tmp_path / "mlm", other)
+    common.save_pretrained(Bert(BertConfig.tiny(), mlm_head=True), tmp_path / "mlm", other)
     with pytest.raises(common.UserError, match="vocabulary"):
-        load_generator(tmp_path / "mlm", TOK)
+        load_generator(generator_run(tmp_path / "mlm"), TOK)

@@ -44,7 +44,8 @@ def test_truncated_safetensors(tmp_path):
     raw = path.read_bytes()
     path.write_bytes(raw[:len(raw) - 1000])
     with pytest.raises(CheckpointError, match=r"model\.safetensors: not a valid safetensors file: "
-                                              r".*outside"):
+                                              r".*span \d+ data bytes but the file holds \d+ "
+                                              r"\(truncated\?\)"):
         Bert.from_pretrained(folder)
     path.write_bytes(raw[:5])
     with pytest.raises(CheckpointError, match="too short.*truncated"):

@@ -51,19 +51,18 @@ def test_the_step_clears_the_gradients_and_moves_the_schedule():
 
 
 def batch_orders(seed, n_rows=20, batch_size=4, total=10):
-    """The row order Run.batches draws (each row's id list is its row number) -> one list per
+    """The row order epoch_batches draws (each row's id list is its row number) -> one list per
     epoch."""
-    run = object.__new__(common.Run)
-    fields = ["seed", "batch_size", "epochs", "max_steps"]
-    run.cfg = common.dataclasses.make_dataclass("Cfg", fields)(seed, batch_size, 100, total)
-    run.device, run.width = CPU, None
-    assert run.total_steps(n_rows) == total  # sets run.per_epoch: full batches an epoch
+    fields = ["seed", "batch_size", "epochs", "max_steps", "compile"]
+    cfg = common.dataclasses.make_dataclass("Cfg", fields)(seed, batch_size, 100, total, False)
+    assert common.total_steps(n_rows, cfg) == total
     data = [[[i + 10]] for i in range(n_rows)]
     tok = common.Tokenizer({"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4})
-    batches = [ids[:, 0, 0].tolist() for ids, _ in run.batches(data, tok, 0)]
+    batches = [ids[:, 0, 0].tolist() for ids, _ in common.epoch_batches(data, tok, cfg, 0, total,
+                                                                         CPU)]
     assert all(len(b) == batch_size for b in batches)  # full batches only
     rows = [r - 10 for b in batches for r in b]
-    epoch = run.per_epoch * batch_size
+    epoch = n_rows // batch_size * batch_size
     return [rows[i:i + epoch] for i in range(0, len(rows), epoch)]
 
 
@@ -83,10 +82,10 @@ def test_a_later_worse_evaluation_never_replaces_the_best_model(tmp_path, monkey
     world = {k: v for k, v in make_world(tmp_path).items() if k != "generator"}
     scores, states = iter([50.0, 70.0, 60.0, 65.0]), {}
 
-    def score(self, model, progress=None):
+    def evaluate_dev(model, dev, progress=None):
         states[len(states)] = {k: v.clone() for k, v in model.state_dict().items()}
-        return next(scores)
-    monkeypatch.setattr(common.DevSet, "score", score)
+        return {"stsb_dev": next(scores), "align": 0.5, "uniform": -2.0}
+    monkeypatch.setattr(simcse_min, "evaluate_dev", evaluate_dev)
     out = tmp_path / "out"
     results = simcse_min.train(simcse_min.Config(**world, device="cpu", batch_size=8, max_steps=3,
                                                  eval_every=1,
@@ -113,5 +112,5 @@ def test_all_gather_backward_sums_over_ranks_and_keeps_this_ranks_slice(monkeypa
     # the other rank sent the same
     monkeypatch.setattr(common.dist, "all_reduce", lambda t: t.mul_(2))
     grad = torch.arange(8.0).view(2, 4, 1)  # [views, N*b, 1]
-    out = common._AllGather.backward(None, grad)
+    out = common.AllGather.backward(None, grad)
     assert out.flatten().tolist() == [4.0, 6.0, 12.0, 14.0]

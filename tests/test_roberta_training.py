@@ -23,7 +23,7 @@ def test_saved_folder_has_hugging_face_names_and_reloads(roberta_folders, which,
     merges = read_merges()[:50]
     tok = common.BPETokenizer(bpe_vocab(merges), merges)
     model = common.Bert.from_pretrained(src, mlm_head=bool(which), quiet=True).eval()
-    model.save_pretrained(tmp_path / "ours", tok)
+    common.save_pretrained(model, tmp_path / "ours", tok)
     theirs, ours = (common.read_safetensors(f / "model.safetensors") for f in (src,
                                                                                tmp_path / "ours"))
     saved_by_hf = set(json.loads(str(MODEL_REF["saved_mlm" if which else "saved_base"])))
@@ -69,7 +69,7 @@ def roberta_world(tmp):
                                      pad_token_id=1,
                                      type_vocab_size=1, max_position_embeddings=66,
                                      layer_norm_eps=1e-5)
-        common.Bert(cfg, mlm_head=mlm_head).save_pretrained(tmp / name, tok)
+        common.save_pretrained(common.Bert(cfg, mlm_head=mlm_head), tmp / name, tok)
     rng = random.Random(1)
     # 12 steps
     (tmp / "train.txt").write_text("".join(sentence(rng).capitalize() + "\n" for _ in range(192)))

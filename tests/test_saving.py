@@ -49,7 +49,7 @@ def bert_model_keys(layers):
 def saved(minilm, tmp_path_factory):
     tok, model = minilm
     folder = tmp_path_factory.mktemp("saved") / "minilm"
-    model.save_pretrained(folder, tok)
+    common.save_pretrained(model, folder, tok)
     return folder
 
 
@@ -107,7 +107,7 @@ def test_saved_config_and_sentence_transformers_files(minilm, model_dir, saved):
 def test_bf16_save_is_half_the_size_and_loads(minilm, saved, tmp_path):
     tok, model = minilm
     folder = tmp_path / "bf16"
-    model.save_pretrained(folder, tok, dtype=torch.bfloat16)
+    common.save_pretrained(model, folder, tok, dtype=torch.bfloat16)
     full, half = (saved / "model.safetensors").stat().st_size, (
         folder / "model.safetensors"
     ).stat().st_size
@@ -129,7 +129,7 @@ def test_mlm_model_round_trip(tmp_path, capsys):
     tok = common.Tokenizer(
         {w: i for i, w in enumerate(list(common.SPECIAL_TOKENS) + [f"w{i}" for i in range(123)])}
     )
-    model.save_pretrained(tmp_path / "mlm", tok)
+    common.save_pretrained(model, tmp_path / "mlm", tok)
     got = parse_safetensors(tmp_path / "mlm" / "model.safetensors")[0]
     assert "bert.embeddings.word_embeddings.weight" in got
     assert "cls.predictions.transform.dense.weight" in got

@@ -83,7 +83,8 @@ def signals_after_step(monkeypatch, module, n, *signals):
 
 
 def signals_inside(monkeypatch, name, count, when=lambda: True):
-    """common.<name> raises `count` SIGTERMs when it is called (and `when()`), then runs."""
+    """common.<name> (and simcse_min's import of it) raises `count` SIGTERMs when it is called
+    (and `when()`), then runs."""
     real = getattr(common, name)
 
     def wrapper(*args, **kw):
@@ -91,7 +92,9 @@ def signals_inside(monkeypatch, name, count, when=lambda: True):
             for _ in range(count):
                 signal.raise_signal(signal.SIGTERM)
         return real(*args, **kw)
-    monkeypatch.setattr(common, name, wrapper)
+    for module in (common, importlib.import_module("simcse_min")):
+        if getattr(module, name, None) is real:
+            monkeypatch.setattr(module, name, wrapper)
 
 
 @pytest.mark.parametrize("name, count", [("evaluate_sts", 1), ("evaluate_sts", 2),

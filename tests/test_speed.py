@@ -1,6 +1,6 @@
-"""The fast path: the [CLS]-only last layer equals the full one, numpy padding equals a loop, the
-early-stopping cached tokenizer equals tokenize-then-truncate, parallel tokenization equals serial,
---compile plumbing, and the benchmark's arithmetic (MFU, the epoch projection)."""
+"""The fast path: the [CLS]-only last layer equals the full one, padding equals a loop, the cached
+tokenizer equals tokenize-then-truncate, --compile plumbing (batches padded to max_len), and the
+benchmark's arithmetic (MFU, the epoch projection)."""
 import random
 import re
 
@@ -10,7 +10,6 @@ import torch
 import common
 import diffcse_min
 import esimcse_min
-import multiprocessing
 import simcse_min
 import simcsepp_min
 from common import Bert, BertConfig
@@ -37,8 +36,8 @@ def test_cls_only_equals_the_full_last_layer(padded):
     ids, mask = inputs(padded)
     full = model(ids, mask)[:, 0]  # [4, H]
     fast = model(ids, mask, cls_only=True)
-    assert fast.shape == (4, 1, model.cfg.hidden_size)
-    torch.testing.assert_close(fast[:, 0], full, atol=1e-12, rtol=0)
+    assert fast.shape == (4, model.cfg.hidden_size)
+    torch.testing.assert_close(fast, full, atol=1e-12, rtol=0)
 
 
 def test_cls_only_gives_the_same_gradients():
@@ -46,7 +45,8 @@ def test_cls_only_gives_the_same_gradients():
     for cls_only in (False, True):
         model = tiny64()
         ids, mask = inputs(padded=True)
-        (model(ids, mask, cls_only=cls_only)[:, 0].sin().sum()).backward()
+        cls = model(ids, mask, cls_only=True) if cls_only else model(ids, mask)[:, 0]  # [4, H]
+        cls.sin().sum().backward()
         grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
     assert grads[0].keys() == grads[1].keys()
     for name in grads[0]:
@@ -65,7 +65,7 @@ def test_cls_evaluation_equals_the_full_forward():
                                    rtol=0)
 
 
-def pad_loop(id_lists, pad_id, width=None):  # the oracle: the row loop the numpy version replaced
+def pad_loop(id_lists, pad_id, width=None):  # the oracle: rows written into a tensor one by one
     L = max([width or 0, *map(len, id_lists)])
     ids = torch.full((len(id_lists), L), pad_id, dtype=torch.long)
     mask = torch.zeros((len(id_lists), L), dtype=torch.long)
@@ -75,21 +75,22 @@ def pad_loop(id_lists, pad_id, width=None):  # the oracle: the row loop the nump
 
 
 @pytest.mark.parametrize("width", [None, 3, 40])
-def test_numpy_padding_equals_a_loop(width):
+def test_padding_equals_a_loop(width):
     rng = random.Random(width)
     id_lists = [[rng.randrange(30000) for _ in range(rng.randint(1, 33))] for _ in range(50)]
     for got, want in zip(common.pad_ids(id_lists, 7, width), pad_loop(id_lists, 7, width)):
         assert got.dtype == torch.long and torch.equal(got, want)
 
 
-def test_collate_pads_to_width_for_static_shapes():
+@pytest.mark.parametrize("compile_flag", [False, True])
+def test_compile_pads_every_batch_to_max_len_for_one_shape(compile_flag):
     tok = type("Ids", (), {"pad": lambda self, x, width=None: common.pad_ids(x, 0, width)})()
-    rows = [([2, 5, 3], [2, 6, 7, 3]), ([2, 3], [2, 9, 3])]  # 2 rows x 2 columns
-    ids, mask = common.collate(tok, rows, torch.device("cpu"), width=8)
-    assert ids.shape == mask.shape == (2, 2, 8)
-    assert ids[0, 1].tolist() == [2, 6, 7, 3, 0, 0, 0, 0] and mask[1, 0].tolist() == [1, 1, 0, 0, 0,
-                                                                                      0, 0, 0]
-    assert common.collate(tok, rows, torch.device("cpu"))[0].shape == (2, 2, 4)
+    data = [([2, 5, 3], [2, 6, 7, 3]), ([2, 3], [2, 9, 3])]  # 2 rows x 2 columns
+    cfg = simcse_min.Config(batch_size=2, max_len=8, compile=compile_flag)
+    ids, mask = next(common.epoch_batches(data, tok, cfg, 0, 1, torch.device("cpu")))
+    assert ids.shape == mask.shape == (2, 2, 8 if compile_flag else 4)
+    assert sorted(ids[:, 1, :4].tolist()) == [[2, 6, 7, 3], [2, 9, 3, 0]]
+    assert sorted(mask[:, 0].sum(-1).tolist()) == [2, 3]
 
 
 @pytest.fixture(scope="module")
@@ -111,29 +112,10 @@ def test_early_stopping_cached_tokenizer_equals_encode_then_truncate(model_dir, 
             assert cold.encode(text, max_len) == want
 
 
-def test_parallel_tokenization_equals_serial(model_dir, wiki_lines):
-    tok = common.Tokenizer.from_pretrained(model_dir)
-    serial = [tok.encode(t, 32) for t in wiki_lines]
-    assert common.tokenize_corpus(tok, wiki_lines, 32, workers=2, min_parallel=0) == serial
-
-
-def test_small_inputs_do_not_start_processes(model_dir, monkeypatch):
-    tok = common.Tokenizer.from_pretrained(model_dir)
-    monkeypatch.setattr(multiprocessing, "get_context", lambda *a: pytest.fail("started processes"))
-    assert common.tokenize_corpus(tok, ["a b", "c d"], 32, workers=2, min_parallel=3) == [
-        tok.encode("a b", 32),
-        tok.encode("c d", 32),
-    ]
-
-
 def bare_run(compile_flag):
     run = object.__new__(common.Run)  # the bookkeeping without an output folder or SentEval
-    run.cfg, run.device, run.width, run.log = (
-        simcse_min.Config(compile=compile_flag),
-        torch.device("cpu"),
-        None,
-        print,
-    )
+    run.cfg, run.device = simcse_min.Config(compile=compile_flag), torch.device("cpu")
+    run.log = print
     return run
 
 
@@ -141,15 +123,15 @@ def test_compile_flag_compiles_in_place_and_keeps_checkpoint_names(tmp_path):
     model = Bert(BertConfig.tiny())
     names = list(model.state_dict())
     run = bare_run(False)
-    assert run.compile(model) is model and model._compiled_call_impl is None and run.width is None
+    assert run.compile(model) is model and model._compiled_call_impl is None
     run = bare_run(True)
     # lazy: compiles on the first call, which this test does not make
     assert run.compile(model) is model
-    assert model._compiled_call_impl is not None and run.width == 32
+    assert model._compiled_call_impl is not None
     # no `_orig_mod.` prefix, so the best state and the save are unchanged
     assert list(model.state_dict()) == names
     tok = common.Tokenizer({t: i for i, t in enumerate(common.SPECIAL_TOKENS)})
-    model.save_pretrained(tmp_path, tok)
+    common.save_pretrained(model, tmp_path, tok)
     assert all("_orig_mod" not in k for k
                in common.read_safetensors(tmp_path / "model.safetensors"))
 
@@ -158,4 +140,5 @@ def test_compile_flag_compiles_in_place_and_keeps_checkpoint_names(tmp_path):
 def test_every_method_compiles_right_before_the_run_starts(module):
     assert module.Config().compile is False
     source = open(module.__file__).read()
-    assert re.search(r"\n    run\.compile\(model\)\n    start, stats = run\.start\(saved\)", source)
+    assert re.search(r"\n    run\.compile\(model\)\n    start, stats = run\.start\(saved, total\)",
+                     source)

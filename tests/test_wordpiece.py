@@ -1,14 +1,11 @@
 """WordPiece on a hand-built vocabulary (longest match, [UNK], case, accents, punctuation, CJK,
-special tokens, truncation), vocab.txt and tokenizer_config.json read, and the corpus tokenized in
-processes."""
+special tokens, truncation), vocab.txt and tokenizer_config.json read."""
 import json
 
 import pytest
 import torch
 
 import common
-import multiprocessing
-from test_tokenizer import corpus_sentences
 
 
 # ---- a hand-built mini vocabulary ----------------------------------------------------------------
@@ -128,38 +125,3 @@ def test_vocab_without_special_tokens_is_refused(tmp_path):
     (folder / "vocab.txt").write_text("hello\nworld\n", encoding="utf-8")
     with pytest.raises(common.CheckpointError, match="special tokens"):
         common.Tokenizer.from_pretrained(folder)
-
-
-def test_tokenize_corpus_in_processes_equals_serial(model_dir, wiki_path, monkeypatch):
-    # a fresh one: its empty word cache is cheap to send
-    tok = common.Tokenizer.from_pretrained(model_dir)
-    sents = corpus_sentences("wiki1m_head", None, wiki_path)
-    sents = sents + sents[::-1]  # > 20,000 sentences
-    assert len(sents) > 20_000
-    contexts = []
-    real = multiprocessing.get_context
-    monkeypatch.setattr(multiprocessing, "get_context", lambda *a: contexts.append(a) or real(*a))
-    parallel = common.tokenize_corpus(tok, sents, max_len=32, workers=2)
-    assert contexts, "tokenize_corpus did not use worker processes"
-    assert parallel == [tok.encode(s, 32) for s in sents]
-
-
-def test_workers_follow_the_cpu_affinity_with_a_cap(monkeypatch):
-    monkeypatch.setattr(common.os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
-    assert common.cpu_workers() == 3  # taskset or a container's cpuset, not the machine's cores
-    monkeypatch.setattr(common.os, "sched_getaffinity", lambda pid: set(range(96)), raising=False)
-    assert common.cpu_workers() == 16
-
-
-def test_under_torchrun_the_workers_are_spawned_not_forked(model_dir, monkeypatch):
-    """torchrun's process group runs threads (gloo, NCCL): forking then is unsafe, so rank 0 spawns
-    its workers."""
-    tok = common.Tokenizer.from_pretrained(model_dir)
-    contexts = []
-    real = multiprocessing.get_context
-    monkeypatch.setattr(multiprocessing, "get_context", lambda *a: contexts.append(a) or real(*a))
-    monkeypatch.setattr(common, "world", lambda: (0, 2))
-    sents = ["the first sentence.", "a second one", "and a third, with commas"] * 4
-    assert common.tokenize_corpus(tok, sents, 32, workers=2, min_parallel=0) == [tok.encode(s, 32)
-                                                                                 for s in sents]
-    assert contexts == [("spawn",)]

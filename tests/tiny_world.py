@@ -31,7 +31,7 @@ def make_model(folder, mlm_head=False, seed=0):
     torch.manual_seed(seed)
     tok = tokenizer()
     model = common.Bert(common.BertConfig.tiny(vocab_size=len(tok.vocab)), mlm_head=mlm_head)
-    model.save_pretrained(folder, tok)
+    common.save_pretrained(model, folder, tok)
     return folder
 
 

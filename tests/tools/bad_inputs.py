@@ -653,7 +653,7 @@ def roberta_folder(folder):
     tok = common.BPETokenizer(bpe_vocab(merges), merges)
     torch.manual_seed(0)
     cfg = common.BertConfig.tiny(vocab_size=len(tok.vocab), model_type="roberta", pad_token_id=1)
-    common.Bert(cfg).save_pretrained(folder, tok)
+    common.save_pretrained(common.Bert(cfg), folder, tok)
     return folder
 
 
@@ -715,8 +715,8 @@ def prepare(tmp, context):
             "BAD_TYPE": tampered(unfinished, tmp / "bad_type",
                                  lambda c: c["config"].update(lr="abc")),
             "BAD_STEP": tampered(unfinished, tmp / "bad_step", lambda c: c.update(step=10**9)),
-            "BAD_SHAPE": tampered(unfinished, tmp / "bad_shape", lambda c: c["best"][2].update(
-                {best: c["best"][2][best][:, :3]})),
+            "BAD_SHAPE": tampered(unfinished, tmp / "bad_shape", lambda c: c["objects"]["best"][
+                "state"].update({best: c["objects"]["best"]["state"][best][:, :3]})),
             "BAD_MOMENTS": tampered(unfinished, tmp / "bad_moments",
                                     lambda c: c["objects"]["opt"]["state"][0].update(
                 exp_avg=c["objects"]["opt"]["state"][0]["exp_avg"][:, :3]))}

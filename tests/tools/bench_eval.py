@@ -87,10 +87,10 @@ def main(argv=None):
     devset_line, devset_ok = "", True
     if "cls" in dev:
         t0 = time.time()
-        quick = common.DevSet(tok, root).score(model)
+        quick = common.evaluate_dev(model, common.DevSet(tok, root))["stsb_dev"]
         diff = quick - dev["cls"]["STSBenchmark"]
         devset_ok = abs(diff) <= 1e-6
-        devset_line = (f"DevSet.score (cls) = {quick:.4f} in {time.time() - t0:.1f}s; "
+        devset_line = (f"evaluate_dev (cls) = {quick:.4f} in {time.time() - t0:.1f}s; "
                        f"evaluate_sts dev cls = {dev['cls']['STSBenchmark']:.4f}; diff {diff:+.2e} "
                        f"{'OK' if devset_ok else 'MISMATCH'}")
 

@@ -28,7 +28,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 # noqa: E402
-from common import Bert, HelpFormatter, OneLineErrors, Tokenizer, UserError, main_guard, read_lines
+from common import (Bert, HelpFormatter, OneLineErrors, Tokenizer, UserError,  # noqa: E402
+                    main_guard, read_lines, save_pretrained)
 from diffcse_min import mask_tokens  # noqa: E402
 
 
@@ -126,7 +127,7 @@ def make(args):
     acc, same = accuracy(model, tok, held, args.max_len, torch.Generator().manual_seed(1))
     print(f"held-out ({len(held)} sentences): masked-token accuracy {acc:.3f}; unmasked tokens "
           f"reproduced {same:.3f}")
-    model.save_pretrained(args.out, tok)
+    save_pretrained(model, args.out, tok)
     again = Bert.from_pretrained(args.out, mlm_head=True)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
                                                  again.state_dict().values()))
