@@ -45,7 +45,7 @@ _CJK = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73
 
 def basic_clean(text):
     """Drop control characters, whitespace -> spaces, spaces around CJK characters, NFC [HF]."""
-    if text.isascii():
+    if text.isascii():  # fast path: a run's set-up takes 2.2x as long without it [docs/speed.md]
         return text.translate(_ASCII_CLEAN)
     out = []
     for ch in text:
@@ -92,7 +92,7 @@ class Tokenizer:
 
     def encode_word(self, word):
         """One whitespace-delimited word -> sub-word ids (cached)."""
-        ids = self._cache.get(word)
+        ids = self._cache.get(word)  # word cache: set-up 1.5x as long without it [docs/speed.md]
         if ids is None:
             text = word.lower() if self.lower else word
             if self.strip_accents and not text.isascii():
@@ -288,7 +288,7 @@ class Layer(nn.Module):
 
     def forward(self, x, mask, cls_only=False):  # x [B, L, H], mask [B, 1, 1, L] bool: a token
         """-> [B, L, H]; cls_only: [B, 1, H], the [CLS] row alone (its query; keys, values all)."""
-        B, L, H = x.shape
+        B, L, H = x.shape  # cls_only: steps 1.18x, the dev evaluation 1.13x as fast [docs/speed.md]
         rows = x[:, :1] if cls_only else x  # [B, Q, H], Q = 1 or L
         q = self.query(rows).view(B, rows.size(1), self.heads, -1).transpose(1, 2)  # [B, h, Q, H/h]
         k, v = (p(x).view(B, L, self.heads, -1).transpose(1, 2) for p in (self.key, self.value))
@@ -420,6 +420,7 @@ def encode_sentences(model, tok, sentences, pooler="cls", batch_size=128, id_lis
     if pooler not in POOLERS:
         raise UserError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
     id_lists = id_lists or [tok.encode(s, model.cfg.max_tokens) for s in sentences]
+    # longest first: each batch pads little, the dev evaluation 1.76x as fast [docs/speed.md]
     order = sorted(range(len(id_lists)), key=lambda i: -len(id_lists[i]))
     device, was_training = next(model.parameters()).device, model.training
     model.eval()
@@ -1117,38 +1118,38 @@ def hub_answer(url):
             sha256 if re.fullmatch(r"[0-9a-f]{64}", sha256) else None)
 
 
+HUB_ERRORS = {  # X-Error-Code -> what it means [huggingface_hub hf_raise_for_status]
+    "EntryNotFound": "no such file", "RepoNotFound": "no such repository, or a private one",
+    "GatedRepo": "accept its terms on the hub, then `huggingface-cli download` it: its cache is "
+                 "used from there"}
+
+
 def download(url, dest, expected_sha256=None, flag=None):
     """url -> dest with a progress line, resuming a .part file, checking the size and SHA-256 the
     hub states (or expected_sha256). A failed download leaves no empty folder; a cut one keeps its
     .part, and the same command resumes it."""
-    dest, created = Path(dest), [p for p in Path(dest).parents if not p.exists()]
+    dest, part = Path(dest), Path(f"{dest}.part")
+    created, total = [p for p in dest.parents if not p.exists()], None
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # SIMCSE_CACHE a file, a read-only disk
         raise UserError(f"cannot make the folder {dest.parent} ({e.strerror}): SIMCSE_CACHE (now "
                         f"{CACHE}) must name a writable folder") from None
-    part = dest.with_name(dest.name + ".part")
-    have = total = 0
     try:
         where, total, sha256 = hub_answer(url)
-        expected_sha256 = expected_sha256 or sha256
         have = part.stat().st_size if part.exists() else 0
         if total is None or have != total:  # else the .part is whole already
             fetch(where, part, have if total is None or have < total else 0, dest.name)
         if total is not None and part.stat().st_size != total:
             raise OSError("short read")
     except urllib.error.HTTPError as e:
-        code = e.headers.get("X-Error-Code")  # [huggingface_hub hf_raise_for_status]
-        why = {"EntryNotFound": "no such file", "RepoNotFound": "no such repository, or a private "
-               "one", "GatedRepo": "accept its terms on the hub, then `huggingface-cli download` "
-               "it: its cache is used from there"}.get(code, "")
-        raise UserError(f"download of {url} failed: HTTP {e.code} {e.reason}"
-                        + (f" ({code}{': ' * bool(why)}{why})" if code else "")) from None
+        code = e.headers.get("X-Error-Code")
+        why = f" ({code}: {HUB_ERRORS[code]})" if code in HUB_ERRORS else f" ({code})" * bool(code)
+        raise UserError(f"download of {url} failed: HTTP {e.code} {e.reason}{why}") from None
     except urllib.error.URLError as e:
+        how = f"pass its path with {flag}" if flag else f"put it at {dest}"
         raise UserError(f"cannot download {url} ({e.reason}): you seem to be offline; fetch it "
-                        f"where there is internet and " + (f"pass its path with {flag}" if flag
-                                                           else f"put it at {dest}")
-                        + HOW_TO_GET.get(flag, "")) from None
+                        f"where there is internet and {how}{HOW_TO_GET.get(flag, '')}") from None
     except (OSError, http.client.HTTPException) as e:  # reset, timed out or cut: keep the part
         size = part.stat().st_size if part.exists() else 0
         raise UserError(f"download of {url} was cut at {size} of {total or '?'} bytes "
@@ -1157,7 +1158,7 @@ def download(url, dest, expected_sha256=None, flag=None):
         for p in created:
             with contextlib.suppress(OSError):
                 p.rmdir()  # only if empty: a folder holding a .part or the file stays
-    if expected_sha256 and sha256_file(part) != expected_sha256:
+    if (expected_sha256 or sha256) and sha256_file(part) != (expected_sha256 or sha256):
         part.unlink()
         raise UserError(f"download of {url} is corrupt (SHA-256 mismatch); deleted it, run again")
     os.replace(part, dest)
@@ -1337,64 +1338,7 @@ def malformed_file(path):
                         f"get a fresh copy with `python common.py download senteval`") from None
 
 
-# --- Flags, input checks and one-line errors ----------------------------------------------------
-
-class OneLineErrors(argparse.ArgumentParser):
-    """A bad flag: one line on stderr (not the whole usage), exit status 2, like every bad input."""
-
-    def error(self, message):
-        print(f"error: {message} (see --help)", file=sys.stderr)
-        sys.exit(2)
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Defaults shown where they say something (an empty one is explained by its help), switches
-    shown bare (`--compile`, not `--compile [COMPILE]`)."""
-
-    def _get_help_string(self, action):
-        if action.const is True:  # a switch
-            return f"{action.help} (default: {'on' if action.default else 'off'})"
-        return action.help if action.default in ("", None, argparse.SUPPRESS) else \
-            super()._get_help_string(action)
-
-    def _format_args(self, action, default_metavar):
-        return "" if action.const is True else super()._format_args(action, default_metavar)
-
-    def _format_action_invocation(self, action):
-        return ", ".join(action.option_strings) if action.const is True else \
-            super()._format_action_invocation(action)
-
-
-FLAG_GROUPS = {"data and model": ("data", "model", "senteval", "generator"),
-               "training": ("device", "precision", "seed", "batch_size", "max_len", "lr", "epochs",
-                            "max_steps", "dropout", "compile"),
-               "method": (),  # every other field: the method's own
-               "run and output": ("out_dir", "eval_every", "save_every", "resume", "overwrite")}
-
-
-def parse_args(config_cls, argv=None):
-    """Dataclass fields -> `--name value` flags in FLAG_GROUPS (booleans also bare), --help from
-    their comments."""
-    helps = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.+)$", inspect.getsource(config_cls), re.M))
-    doc = " ".join((sys.modules[config_cls.__module__].__doc__ or "").split("\n\n")[0].split())
-    parser = OneLineErrors(description=doc, formatter_class=HelpFormatter)
-    groups = {name: parser.add_argument_group(name) for name in FLAG_GROUPS}
-    kinds = {"bool": parse_bool, "int": int, "float": float}
-    for f in dataclasses.fields(config_cls):
-        kind = kinds.get(getattr(f.type, "__name__", f.type))  # a type or a string annotation
-        switch = dict(nargs="?", const=True) if kind is parse_bool else {}  # bare `--compile`: true
-        group = next((g for g, names in FLAG_GROUPS.items() if f.name in names), "method")
-        groups[group].add_argument(f"--{f.name}", type=kind or str, default=f.default,
-                                   help=helps.get(f.name, " "), **switch)
-    return config_cls(**vars(parser.parse_args(argv)))
-
-
-def parse_bool(s):
-    """1/true/yes or 0/false/no, any case."""
-    if s.lower() in ("1", "true", "yes", "0", "false", "no"):
-        return s.lower() in ("1", "true", "yes")
-    raise argparse.ArgumentTypeError(f"expected 1/0/true/false, got {s!r}")
-
+# --- Devices, precision, input checks -----------------------------------------------------------
 
 def resolve_device(name):
     """'auto' -> cuda, mps or cpu; a device asked for but absent is an error, never a fallback."""
@@ -1448,29 +1392,24 @@ def in_interval(value, interval):
 
 
 def check_inputs(cfg, models, world_size=1):
-    """Every flag, input path and out_dir, checked before any work starts; all problems at once, in
-    one UserError line. `models` names the fields that hold model folders (DiffCSE: + generator)."""
+    """Every flag, input path and out_dir, checked before any work starts: the first problem stops
+    the run in one line naming its flag. `models`: the fields that hold models (DiffCSE: +1)."""
     checks = {**SHARED_CHECKS, **getattr(cfg, "checks", {})}
-    problems = [f"--{k} {getattr(cfg, k)}: must be in {v}{WHY.get(k, '')}"
-                for k, v in checks.items() if not in_interval(getattr(cfg, k), v)]
-    values = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
-    problems += [f"--{k} {v}: must be a finite number" for k, v in values.items()
-                 if type(v) is float and k not in checks and not math.isfinite(v)]
+    for k, v in {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}.items():
+        if k in checks and not in_interval(v, checks[k]):
+            raise UserError(f"--{k} {v}: must be in {checks[k]}{WHY.get(k, '')}")
+        if type(v) is float and not math.isfinite(v):
+            raise UserError(f"--{k} {v}: must be a finite number")
     if cfg.precision not in PRECISIONS:
-        problems.append(f"--precision {cfg.precision}: choose {', '.join(PRECISIONS)}")
+        raise UserError(f"--precision {cfg.precision}: choose {', '.join(PRECISIONS)}")
     if cfg.batch_size % world_size:
-        problems.append(f"--batch_size {cfg.batch_size} is the global batch and must split evenly "
+        raise UserError(f"--batch_size {cfg.batch_size} is the global batch and must split evenly "
                         f"over {world_size} processes")
-    problems += data_problems(cfg.data)
-    problems += [p for f in models for p in model_problems(getattr(cfg, f), f)]
-    if cfg.senteval:
-        try:
-            check_senteval(senteval_root(cfg.senteval))
-        except UserError as e:
-            problems.append(str(e))
-    problems += [] if cfg.resume else out_dir_problems(Path(cfg.out_dir), cfg.overwrite)
-    if problems:
-        raise UserError("; ".join(problems))
+    check_data(cfg.data)
+    for field in models:
+        check_model(getattr(cfg, field), f"--{field}")
+    if not cfg.resume:
+        check_out_dir(Path(cfg.out_dir), cfg.overwrite)
 
 
 MAX_DATA_BYTES = 16 << 30  # [impl] read into memory whole: a bound (wiki1m is 120 MB)
@@ -1488,7 +1427,7 @@ def path_problem(path, folder=False):
     return "" if stat.S_ISREG(mode) else "is not a regular file (a FIFO, device or socket)"
 
 
-def data_problems(path):
+def check_data(path):
     """A data file that is missing, not a regular file or too big (known SimCSE files: fetched)."""
     p = Path(path).expanduser()
     known = DATA_ALIASES.get(p.name, p.name) in KNOWN_DATA and p.parent == Path(".")
@@ -1496,30 +1435,32 @@ def data_problems(path):
     if not why and p.exists() and p.stat().st_size > MAX_DATA_BYTES:
         why = f"is {p.stat().st_size / 2**30:.0f} GiB, over the {MAX_DATA_BYTES >> 30} GiB read " \
               f"into memory; split it"
-    return [f"data file {p} {why}"] if why else []
+    if why:
+        raise UserError(f"data file {p} {why}")
 
 
-def model_problems(name, flag):
+def check_model(name, flag):
     """A model that is neither a usable folder nor a name we can fetch."""
     folder, known = Path(name).expanduser(), str(name) in KNOWN_MODELS or hub_snapshot(name)
     why = folder_problem(folder) if folder.is_dir() else "" if known else \
         f"is neither a folder nor a known name ({', '.join(KNOWN_MODELS)})" + \
         HOW_TO_GET.get(flag, "")
-    return [f"{flag} {name} {why}"] if why else []
+    if why:
+        raise UserError(f"{flag} {name} {why}")
 
 
-def out_dir_problems(out, overwrite):
+def check_out_dir(out, overwrite):
     """A file, another run (unless --overwrite), or a folder that cannot be created or written."""
     if out.exists() and not out.is_dir():
-        return [f"--out_dir {out} is a file, not a folder"]
+        raise UserError(f"--out_dir {out} is a file, not a folder")
     held = [n for n in ("results.json", "checkpoint.pt", "model.safetensors") if (out / n).exists()]
     if held and not overwrite:
         resume = f"--resume {out} to continue it, " if held == ["checkpoint.pt"] else ""
-        return [f"--out_dir {out} already holds a run ({', '.join(held)}); pass {resume}"
-                f"--overwrite to replace it, or another --out_dir"]
+        raise UserError(f"--out_dir {out} already holds a run ({', '.join(held)}); pass {resume}"
+                        f"--overwrite to replace it, or another --out_dir")
     parent = next(p for p in (out, *out.absolute().parents) if os.path.lexists(p))
-    ok = parent.is_dir() and os.access(parent, os.W_OK)
-    return [] if ok else [f"--out_dir {out}: {parent} is not a writable folder"]
+    if not (parent.is_dir() and os.access(parent, os.W_OK)):
+        raise UserError(f"--out_dir {out}: {parent} is not a writable folder")
 
 
 def check_positions(model, max_len):
@@ -1530,9 +1471,8 @@ def check_positions(model, max_len):
 
 def read_text(path):
     """A UTF-8 text file (a byte-order mark dropped); a one-line error for anything unusable."""
-    path, problems = Path(path).expanduser(), data_problems(path)
-    if problems:
-        raise UserError(problems[0])
+    check_data(path)
+    path = Path(path).expanduser()
     raw = path.read_bytes()
     try:
         return raw.decode("utf-8").removeprefix("\ufeff")
@@ -1661,11 +1601,10 @@ class TokenizedRows:
 
 
 def tokenize_file(tok, path, max_len):
-    """A training file tokenized once (all cores), cached on disk by its content, the vocabulary and
-    max_len, so later runs start at once -> (TokenizedRows, seconds, cache hit?)."""
+    """A training file tokenized once, cached on disk by its content, the vocabulary and max_len (a
+    repeat run's set-up: 2.1x as fast [docs/speed.md]) -> (TokenizedRows, seconds, cache hit?)."""
     start, path = time.time(), Path(path)
-    if data_problems(path):
-        raise UserError(data_problems(path)[0])
+    check_data(path)  # before hashing it (a FIFO would hang); read_text checks it too
     vocab = hashlib.sha256("\n".join([*tok.vocab, *map(" ".join, getattr(tok, "merges", []))])
                            .encode() + bytes([tok.lower, tok.strip_accents]))
     digest = sha256_file(path)
@@ -1702,7 +1641,7 @@ def tokenize_file(tok, path, max_len):
 
 
 # --- Resumable runs: out_dir, checkpoint.pt, Ctrl-C and SIGTERM ---------------------------------
-# out_dir/checkpoint.pt is one state dict: step, config, the objects train() names in `saved`
+# out_dir/checkpoint.pt is one state dict: step, config, the objects train() names in `checkpointed`
 # (model, heads, optimizer, scheduler, a method's own state such as ESimCSE's queue), the best
 # state, the histories and every RNG state as tensors, written atomically (a crash at any moment
 # leaves the previous checkpoint whole) and read back with weights_only=True.
@@ -1774,10 +1713,10 @@ class Run:
             self.log("compiled the encoder (torch.compile): the first steps include compiling it")
         return model
 
-    def start(self, saved, total):
+    def start(self, checkpointed, total):
         """Open out_dir, catch Ctrl-C/SIGTERM -> (0, {}), or the --resume step and its stats."""
         self.total = total
-        step, stats = restore_checkpoint(self, saved) if self.resumed else (0, {})  # or refused
+        step, stats = restore_checkpoint(self, checkpointed) if self.resumed else (0, {})
         open_out_dir(self)
         catch_signals(self)
         return step, stats
@@ -1812,13 +1751,12 @@ class Run:
                  f"| align {dev['align']:.4f} uniform {dev['uniform']:.4f} | best "
                  f"{best['dev']:.2f} @ {best['step']} | {pace}")
 
-    def finish(self, model, tok, test, best, stopped=""):
-        """The test table logged, the model and results.json in out_dir, the run released (rank 0);
-        `stopped` (a non-finite loss): then TrainingStopped, exit status 3."""
+    def finish(self, test, best, stopped=""):
+        """The test table logged, results.json in out_dir beside the saved model, the run released
+        (rank 0); `stopped` (a non-finite loss): then TrainingStopped, exit status 3."""
         if stopped:
             self.log(stopped)
         self.log(format_table(test))
-        save_pretrained(model, self.out, tok)
         results = {"method": self.method, "config": dataclasses.asdict(self.cfg),
                    "dev_history": self.dev_history, "stats_history": self.stats_history,
                    "align_uniform": self.align_uniform, "align_uniform_on": "STS-B dev",
@@ -1838,8 +1776,13 @@ class Run:
         return results
 
     def release(self):
-        """The end of a run on every rank: signal handlers as they were, out_dir unlocked -> {}."""
-        release_run(self)
+        """The end of a run on every rank: signal handlers as they were before catch_signals,
+        out_dir unlocked -> {}."""
+        for s, h in getattr(self, "old_handlers", {}).items():
+            signal.signal(s, h)
+        self.old_handlers = {}
+        if getattr(self, "lock", None):
+            self.lock.close()
         return {}
 
     def signal_received(self):
@@ -1851,9 +1794,10 @@ class Run:
             self.signal = int(flag)
         return self.signal
 
-    def save_checkpoint(self, step, saved, stats):
-        """out_dir/checkpoint.pt: all it takes to continue after `step` as if never stopped (rank
-        0): the objects in `saved` (model, heads, optimizer, the best state...), RNGs, histories."""
+    def save_checkpoint(self, step, checkpointed, stats):
+        """out_dir/checkpoint.pt (rank 0): all it takes to continue after `step` as if never
+        stopped: the objects in `checkpointed` (model, heads, optimizer, best state...), RNGs,
+        histories."""
         if self.rank > 0:  # the other ranks hold the same state
             return
         self.saving = True  # a second signal waits for the checkpoint to be whole
@@ -1862,7 +1806,7 @@ class Run:
                      "rows": self.n_rows, "data_sha256": self.data_sha256, "rng": rng_states(),
                      "device": self.device.type, "config": dataclasses.asdict(self.cfg),
                      "stats": {k: float(v) for k, v in stats.items()},
-                     "objects": {k: state_of(v) for k, v in saved.items() if v is not None},
+                     "objects": {k: state_of(v) for k, v in checkpointed.items() if v is not None},
                      "histories": [self.dev_history, self.stats_history, self.align_uniform]}
             with atomic_write(self.out / "checkpoint.pt", "wb") as f:
                 try:
@@ -1877,7 +1821,7 @@ class Run:
 
     def exit_on_signal(self, step):
         """Say how to continue, then exit 128 + signal (the checkpoint of `step` is saved)."""
-        release_run(self)
+        self.release()
         self.log(f"{signal.Signals(self.signal).name} at step {step}: " + (
             f"checkpoint saved; continue with --resume {self.out}" if step else
             "stopped before training"))
@@ -2012,10 +1956,10 @@ def set_rng_states(states, device, seed):
             f"masks of an uninterrupted run)")
 
 
-def restore_checkpoint(run, saved):
-    """Every object in `saved` (the best state among them), the histories and the RNGs back as they
-    were after the checkpoint's step: the continued run is the uninterrupted one -> (that step,
-    its stats)."""
+def restore_checkpoint(run, checkpointed):
+    """Every object in `checkpointed` (the best state among them), the histories and the RNGs
+    back as they were after the checkpoint's step: the continued run is the uninterrupted one ->
+    (that step, its stats)."""
     ckpt, path = run.resumed, run.out / "checkpoint.pt"
     if ckpt.get("data_sha256") != run.data_sha256:
         raise UserError(f"--resume {run.out}: the data file {run.cfg.data} changed since the run "
@@ -2027,19 +1971,19 @@ def restore_checkpoint(run, saved):
     notes = [f"saved on {was}, continued on {run.device.type}: the arithmetic and random draws "
              f"differ from an uninterrupted run's"] if was != run.device.type else []
     try:  # every value checked here, before any training: a bad one is one line, not a traceback
-        for name, obj in saved.items():
+        for name, obj in checkpointed.items():
             if obj is not None:
-                notes.append(restore_state(obj, ckpt["objects"][name], run.device, saved["model"],
-                                           seed))
+                notes.append(restore_state(obj, ckpt["objects"][name], run.device,
+                                           checkpointed["model"], seed))
         if ckpt["objects"]["amp"]["name"] != run.amp.name:
             notes.append(f"saved in {ckpt['objects']['amp']['name']}, continued in {run.amp.name}")
-        best = saved["best"]
+        best = checkpointed["best"]
         if not (type(ckpt["step"]) is int and 0 < ckpt["step"] <= run.total and
                 type(best["dev"]) is float and type(best["step"]) is int and
                 0 <= best["step"] <= ckpt["step"] and json.dumps(ckpt["histories"]) and
                 all(type(v) is float for v in ckpt["stats"].values())):
             raise ValueError("a step, the best score or a history is out of range")
-        shapes = {k: (v.shape, v.dtype) for k, v in saved["model"].state_dict().items()}
+        shapes = {k: (v.shape, v.dtype) for k, v in checkpointed["model"].state_dict().items()}
         if best["state"] is not None and {k: (v.shape, v.dtype)
                                           for k, v in best["state"].items()} != shapes:
             raise ValueError("the best state does not fit the model")
@@ -2067,7 +2011,7 @@ def catch_signals(run):
         run.signals += 1
         has_checkpoint = (run.out / "checkpoint.pt").exists() and not run.saving
         if run.signals > 2 or run.signals == 2 and has_checkpoint:
-            release_run(run)  # a further one acts as if no run were here
+            run.release()  # a further one acts as if no run were here
             print(f"\n{signal.Signals(signum).name} again: stopping now" + (
                 f"; the last checkpoint is kept: continue with --resume {run.out}"
                 if has_checkpoint else ""), file=sys.stderr, flush=True)
@@ -2080,15 +2024,6 @@ def catch_signals(run):
     run.saving = False
     with contextlib.suppress(ValueError):  # handlers can only be set in the main thread
         run.old_handlers = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-
-
-def release_run(run):
-    """The end of a run: signal handlers as they were before catch_signals, out_dir unlocked."""
-    for s, h in getattr(run, "old_handlers", {}).items():
-        signal.signal(s, h)
-    run.old_handlers = {}
-    if getattr(run, "lock", None):
-        run.lock.close()
 
 
 # --- torchrun: the process group (shard, all_gather: Part 1; the DDP wrapping: Run) ----------
@@ -2373,6 +2308,63 @@ def plot_similarity_by_score(models, path):
 
 # --- Command line: python common.py eval | download | analyze ------------------------------------
 
+class OneLineErrors(argparse.ArgumentParser):
+    """A bad flag: one line on stderr (not the whole usage), exit status 2, like every bad input."""
+
+    def error(self, message):
+        print(f"error: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults shown where they say something (an empty one is explained by its help), switches
+    shown bare (`--compile`, not `--compile [COMPILE]`)."""
+
+    def _get_help_string(self, action):
+        if action.const is True:  # a switch
+            return f"{action.help} (default: {'on' if action.default else 'off'})"
+        return action.help if action.default in ("", None, argparse.SUPPRESS) else \
+            super()._get_help_string(action)
+
+    def _format_args(self, action, default_metavar):
+        return "" if action.const is True else super()._format_args(action, default_metavar)
+
+    def _format_action_invocation(self, action):
+        return ", ".join(action.option_strings) if action.const is True else \
+            super()._format_action_invocation(action)
+
+
+FLAG_GROUPS = {"data and model": ("data", "model", "senteval", "generator"),
+               "training": ("device", "precision", "seed", "batch_size", "max_len", "lr", "epochs",
+                            "max_steps", "dropout", "compile"),
+               "method": (),  # every other field: the method's own
+               "run and output": ("out_dir", "eval_every", "save_every", "resume", "overwrite")}
+
+
+def parse_args(config_cls, argv=None):
+    """Dataclass fields -> `--name value` flags in FLAG_GROUPS (booleans also bare), --help from
+    their comments."""
+    helps = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.+)$", inspect.getsource(config_cls), re.M))
+    doc = " ".join((sys.modules[config_cls.__module__].__doc__ or "").split("\n\n")[0].split())
+    parser = OneLineErrors(description=doc, formatter_class=HelpFormatter)
+    groups = {name: parser.add_argument_group(name) for name in FLAG_GROUPS}
+    kinds = {"bool": parse_bool, "int": int, "float": float}
+    for f in dataclasses.fields(config_cls):
+        kind = kinds.get(getattr(f.type, "__name__", f.type))  # a type or a string annotation
+        switch = dict(nargs="?", const=True) if kind is parse_bool else {}  # bare `--compile`: true
+        group = next((g for g, names in FLAG_GROUPS.items() if f.name in names), "method")
+        groups[group].add_argument(f"--{f.name}", type=kind or str, default=f.default,
+                                   help=helps.get(f.name, " "), **switch)
+    return config_cls(**vars(parser.parse_args(argv)))
+
+
+def parse_bool(s):
+    """1/true/yes or 0/false/no, any case."""
+    if s.lower() in ("1", "true", "yes", "0", "false", "no"):
+        return s.lower() in ("1", "true", "yes")
+    raise argparse.ArgumentTypeError(f"expected 1/0/true/false, got {s!r}")
+
+
 def cli(argv=None):
     """python common.py eval | download | analyze, each with --help; alone: the commands."""
     parser = OneLineErrors(prog="common.py", description="simcse-min tools: STS evaluation, "
@@ -2471,35 +2463,24 @@ def run_analyze(args):
 
 
 def check_cli_inputs(args, names, modes, runs=()):
-    """Every input checked before any work, all problems in one UserError line; then the output's
-    folder is made. -> (device, SentEval root, the runs loaded)"""
-    problems, root = [], None
-
-    def attempt(fn, *fn_args):  # fn(*fn_args), or None with its UserError kept
-        try:
-            return fn(*fn_args)
-        except UserError as e:
-            problems.append(str(e))
-
-    device = attempt(resolve_device, args.device)
+    """Every input checked before any work (the first problem: one UserError line); then the
+    output's folder is made. -> (device, SentEval root, the runs loaded)"""
+    device = resolve_device(args.device)
     if args.batch_size < 1:
-        problems.append(f"--batch_size {args.batch_size}: must be at least 1")
+        raise UserError(f"--batch_size {args.batch_size}: must be at least 1")
     for i, name in enumerate(names):  # a known name is fetched when loaded (Part 2, as in training)
-        problems += model_problems(name, "--compare" if i else "--model")
-    runs = [attempt(load_run, path) for path in runs]
+        check_model(name, "--compare" if i else "--model")
+    runs = [load_run(path) for path in runs]
     flag, out = ("--out", args.out) if args.command == "analyze" else ("--json", args.json)
     if out:  # a folder (--out) or a file (--json) can be made there: checked, nothing created
         p, is_dir = Path(out).expanduser().absolute(), flag == "--out"
         folder = p if is_dir else p.parent  # where the output goes
         base = next(a for a in (folder, *folder.parents) if a.exists())  # its nearest existing part
         if p.exists() and p.is_dir() != is_dir or not (base.is_dir() and os.access(base, os.W_OK)):
-            problems.append(f"{flag} {out}: cannot write a {'folder' if is_dir else 'file'} there")
-    if args.senteval or not problems:  # no --senteval may mean a download: only if all else is well
-        root = attempt(resolve_senteval, args.senteval, modes[0])
-        for mode in modes[1:] if root else ():
-            attempt(check_senteval, root, mode)
-    if problems:
-        raise UserError("; ".join(problems))
+            raise UserError(f"{flag} {out}: cannot write a {'folder' if is_dir else 'file'} there")
+    root = resolve_senteval(args.senteval, modes[0])  # no --senteval: a download, all else well
+    for mode in modes[1:]:
+        check_senteval(root, mode)
     if out:
         folder.mkdir(parents=True, exist_ok=True)
     return device, root, runs

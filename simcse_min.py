@@ -20,8 +20,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from common import (DevSet, Run, all_gather, epoch_batches, evaluate_dev, evaluate_sts, keep_best,
-                    main_guard, make_optimizer, optimizer_step, parse_args, shard, total_steps,
-                    upcast)
+                    main_guard, make_optimizer, optimizer_step, parse_args, save_pretrained, shard,
+                    total_steps, upcast)
 
 
 # ---- Config
@@ -122,9 +122,10 @@ def train(cfg):
     params = [*model.parameters(), *head.parameters()]
     opt, sched = make_optimizer(params, cfg.lr, total, run.device)
     best, stopped = dict(dev=-math.inf, step=0, state=None), ""  # the best dev score, step, state
-    saved = dict(model=model, head=head, opt=opt, sched=sched, amp=run.amp, best=best)  # checkpoint
+    # what each checkpoint holds (out_dir/checkpoint.pt), and --resume restores:
+    checkpointed = dict(model=model, head=head, opt=opt, sched=sched, amp=run.amp, best=best)
     run.compile(model)
-    start, stats = run.start(saved, total)  # 0, or the --resume checkpoint's step, as it was then
+    start, stats = run.start(checkpointed, total)  # 0, or the resumed step, as it was then
     ddp_model, ddp_head = run.ddp(model), run.ddp(head)  # torchrun: gradients averaged; else as is
     model.train(), head.train()
     batches = epoch_batches(data, tok, cfg, start, total, run.device)
@@ -132,7 +133,7 @@ def train(cfg):
         stop = run.signal_received()  # Ctrl-C or SIGTERM, the same on every process
         due = step == total or cfg.save_every and step % cfg.save_every == 0  # and the last step:
         if step > start and (stop or due):  # the final evaluation and save can be resumed
-            run.save_checkpoint(step, saved, stats)
+            run.save_checkpoint(step, checkpointed, stats)
         if stop:
             run.exit_on_signal(step)  # exit status 128 + signal; `--resume out_dir` continues
         if run.rank == 0 and (step % cfg.eval_every == 0 or step == total):  # step 0, every, last
@@ -153,7 +154,8 @@ def train(cfg):
     if best["state"] is not None:  # the end of the run: back to the best dev state [official]
         model.load_state_dict(best["state"])
     test = evaluate_sts(model, tok, run.senteval, "test", progress=run.progress("STS test"))
-    return run.finish(model, tok, test, best, stopped)  # model, results.json; stopped: exit 3
+    save_pretrained(model, run.out, tok)  # a folder transformers and sentence-transformers load
+    return run.finish(test, best, stopped)  # the log, results.json; stopped: exit 3
 
 
 # ---- CLI

@@ -171,7 +171,8 @@ def test_analyze_bad_runs_file_is_a_one_line_error(tmp_path, capsys):
     bad = tmp_path / "results.json"
     bad.write_text('{"method": "simcse"}')
     with pytest.raises(SystemExit) as e:
-        common.main_guard(common.cli, ["analyze", "--model", "x", "--runs", str(bad), "--senteval",
+        common.main_guard(common.cli, ["analyze", "--model", str(make_model(tmp_path / "m")),
+                                       "--runs", str(bad), "--senteval",
                                        str(make_senteval(tmp_path / "se")), "--out",
                                        str(tmp_path / "out")])
     assert e.value.code == 2 and "no align_uniform history" in capsys.readouterr().err

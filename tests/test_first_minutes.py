@@ -1,7 +1,7 @@
-"""A newcomer's first minutes: boolean flags as bare switches, every input problem reported at once
-before any work, `wiki1m.txt` fetched once into the cache, a failed download that leaves no empty
-folder and names the flag, losses upcast to at least float32 (float64 stays float64), and --help
-that runs. Local servers only (127.0.0.1)."""
+"""A newcomer's first minutes: boolean flags as bare switches, input problems said one line at a
+time before any work, `wiki1m.txt` fetched once into the cache, a failed download that leaves no
+empty folder and names the flag, losses upcast to at least float32 (float64 stays float64), and
+--help that runs. Local servers only (127.0.0.1)."""
 import collections
 import copy
 import random
@@ -17,7 +17,7 @@ import diffcse_min
 import esimcse_min
 import simcse_min
 import simcsepp_min
-from tiny_world import make_senteval, sentence, tokenizer
+from tiny_world import make_model, make_senteval, make_world, sentence, tokenizer
 
 ROOT = common.Path(common.__file__).parent
 
@@ -45,30 +45,36 @@ def test_bad_boolean_is_one_line_exit_2(capsys):
     assert len(err) == 1 and err[0].startswith("error:") and "maybe" in err[0], err
 
 
-def test_all_input_problems_in_one_line_before_any_work(tmp_path, capsys):
+def test_input_problems_stop_the_run_one_line_at_a_time_before_any_work(tmp_path, capsys):
+    """The first problem found stops the run: one line naming it, exit 2, nothing created. Fixed,
+    the next one is said [issue 28: fail at the point of use]."""
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "vocab.txt").write_text("[PAD]\n")  # a folder, but no config.json
     senteval = make_senteval(tmp_path / "senteval", n=2)
     (senteval / common.sts_files("test")[0]).unlink()  # incomplete
+    flags = {"--lr": "0", "--data": str(tmp_path / "missing.txt"),
+             "--model": str(tmp_path / "model"), "--senteval": str(senteval)}
+    (tmp_path / "w").mkdir()
+    fixes = {"--lr": "1e-3", "--data": make_world(tmp_path / "w")["data"],
+             "--model": str(make_model(tmp_path / "good"))}
     out = tmp_path / "out"
-    cfg = common.parse_args(simcse_min.Config, [
-        "--data", str(tmp_path / "missing.txt"), "--model", str(tmp_path / "model"), "--lr", "0",
-        "--senteval", str(senteval), "--out_dir", str(out), "--device", "cpu"])
-    with pytest.raises(SystemExit) as e:
-        common.main_guard(simcse_min.train, cfg)
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: "), err
-    for problem in ("missing.txt does not exist", "has no config.json", "--lr 0", "is incomplete"):
-        assert problem in err[0], (problem, err[0])
-    assert not out.exists()
+    for flag, problem in [("--lr", "--lr 0"), ("--data", "missing.txt does not exist"),
+                          ("--model", "has no config.json"), ("", "is incomplete")]:
+        cfg = common.parse_args(simcse_min.Config, [x for kv in flags.items() for x in kv] + [
+            "--out_dir", str(out), "--device", "cpu"])
+        with pytest.raises(SystemExit) as e:
+            common.main_guard(simcse_min.train, cfg)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and err[0].startswith("error: "), err
+        assert problem in err[0] and not out.exists(), (problem, err[0])
+        flags.update({flag: fixes[flag]} if flag else {})
 
 
 def test_wiki1m_resolves_to_the_simcse_corpus_once(hub, tmp_path, monkeypatch, capsys):
     corpus = hub.files["datasets/princeton-nlp/datasets-for-simcse/wiki1m_for_simcse.txt"]
     (tmp_path / "cwd").mkdir()
     monkeypatch.chdir(tmp_path / "cwd")
-    assert common.data_problems("wiki1m.txt") == []  # absent, yet known: no problem
+    common.check_data("wiki1m.txt")  # absent, yet known: no problem
     path = common.resolve_data("wiki1m.txt")
     assert path == tmp_path / "cache" / "data" / "wiki1m_for_simcse.txt"
     assert path.read_bytes() == corpus

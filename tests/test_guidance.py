@@ -161,8 +161,8 @@ def test_the_generator_offline_says_how_to_make_one(tmp_path, monkeypatch):
         common.resolve_model("distilbert-base-uncased", "--generator")
     assert "pass its path with --generator" in str(e.value)
     assert "tests/tools/make_generator.py" in str(e.value)
-    problems = common.model_problems("no-such-generator", "--generator")
-    assert len(problems) == 1 and "tests/tools/make_generator.py" in problems[0]
+    with pytest.raises(common.UserError, match="tests/tools/make_generator.py"):
+        common.check_model("no-such-generator", "--generator")
 
 
 # --- noise ----------------------------------------------------------------------------------------

@@ -113,8 +113,8 @@ def test_written_files_get_the_usual_permissions(world, tmp_path):
 
 def test_a_data_file_past_the_memory_bound_is_refused(world, monkeypatch):
     monkeypatch.setattr(common, "MAX_DATA_BYTES", 100)
-    problems = common.data_problems(world["data"])
-    assert len(problems) == 1 and "read into memory; split it" in problems[0]
+    with pytest.raises(common.UserError, match="read into memory; split it"):
+        common.check_data(world["data"])
 
 
 def test_a_queue_entry_of_another_width_is_refused():

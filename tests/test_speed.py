@@ -140,5 +140,5 @@ def test_compile_flag_compiles_in_place_and_keeps_checkpoint_names(tmp_path):
 def test_every_method_compiles_right_before_the_run_starts(module):
     assert module.Config().compile is False
     source = open(module.__file__).read()
-    assert re.search(r"\n    run\.compile\(model\)\n    start, stats = run\.start\(saved, total\)",
-                     source)
+    assert re.search(r"\n    run\.compile\(model\)\n    start, stats = run\.start\(checkpointed, "
+                     r"total\)", source)

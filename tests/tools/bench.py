@@ -7,8 +7,8 @@
 
 Times (a) one full training step (forward, backward, clipping, AdamW) of each of the four methods
 at the paper's shape (batch 64, max length 32), (b) STS-B dev encoding (3,000 sentences, [CLS]), (c)
-the full 7-task test table, (d) the tokenizer (sentences/s from a cold word cache, 1 and 2
-processes, extrapolated to the 1M-sentence corpus). When `transformers` imports (a scratch
+the full 7-task test table, (d) the tokenizer (sentences/s from a cold word cache, extrapolated
+to the 1M-sentence corpus). When `transformers` imports (a scratch
 environment: never a dependency), the same SimCSE step and dev encoding through Hugging Face's
 BertModel (eager and sdpa attention; on CUDA also fp16 autocast + eager, the official setup),
 printed as ratios ours / theirs. Contenders take turns repetition by repetition, so a change in
@@ -31,7 +31,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
@@ -282,7 +281,7 @@ def hf_encode(hf, id_lists, device, amp_dtype, batch_size=256):
                                                 not None):
         for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
-            ids, mask = (common.to_device(t, device) for t in common.pad_ids([id_lists[i] for i
+            ids, mask = (t.to(device) for t in common.pad_ids([id_lists[i] for i
                                                                               in idx], 0))
             out[idx] = hf(input_ids=ids, attention_mask=mask).last_hidden_state[:, 0].float().cpu()
     return out
@@ -301,17 +300,13 @@ def take_turns(contenders, reps, warmup, device):
     return {name: statistics.median(t) for name, t in times.items()}, times
 
 
-def tokenizer_rates(tok, lines, max_len):
-    """{processes: sentences/s} from a cold word cache: every run starts from a fresh copy of the
-    tokenizer."""
-    rates = {}
-    for workers in (1, 2):
-        fresh = copy.copy(tok)
-        fresh._cache = {}
-        start = time.perf_counter()
-        common.tokenize_corpus(fresh, lines, max_len, workers=workers, min_parallel=0)
-        rates[workers] = len(lines) / (time.perf_counter() - start)
-    return rates
+def tokenizer_rate(tok, lines, max_len):
+    """Sentences/s from a cold word cache: a fresh copy of the tokenizer."""
+    fresh = copy.copy(tok)
+    fresh._cache = {}
+    start = time.perf_counter()
+    common.tokenize_corpus(fresh, lines, max_len)
+    return len(lines) / (time.perf_counter() - start)
 
 
 def fmt_ms(s):
@@ -363,7 +358,7 @@ def main(argv=None):
         senteval = common.resolve_senteval(args.senteval)
     tok, base = load_encoder(args, device)
     V = base.cfg.vocab_size
-    ids, mask = (common.to_device(t, device) for t in training_batch(tok, args, V))
+    ids, mask = (t.to(device) for t in training_batch(tok, args, V))
     hf, hf_version = ({}, None) if "hf" in skip else hf_models(base, device)
     name = (
         torch.cuda.get_device_name()
@@ -379,7 +374,7 @@ def main(argv=None):
     # HF's steps: the same autocast
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
 
-    step_s, results = {}, {}
+    step_s = {}
     if "steps" not in skip:
         contenders, generator = our_steps(base, ids, mask, args, device, tok)
         contenders = {f"ours {m}": contenders[m] for m in methods}
@@ -445,12 +440,10 @@ def main(argv=None):
         and Path(args.data).is_file()
     ):
         lines = common.read_lines(args.data)
-        rates = tokenizer_rates(tok, lines, args.max_len)
+        rate = tokenizer_rate(tok, lines, args.max_len)
         print(f"\n## (d) tokenizer, {len(lines)} sentences, max_len {args.max_len}, cold word "
               f"cache\n")
-        for w, r in rates.items():
-            print(f"{w} process{'es' if w > 1 else '  '} {r:9.0f} sentences/s -> 1M sentences in "
-                  f"{1e6 / r:6.1f} s")
+        print(f"{rate:9.0f} sentences/s -> 1M sentences in {1e6 / rate:6.1f} s")
     if device.type == "cuda" and step_s:
         report_gpu(args, base, step_s, dev_s, test_s, generator, ids.size(-1))
     return 0

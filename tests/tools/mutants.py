@@ -328,9 +328,8 @@ MUTANTS = [
            "pass",
            "the histories restart on resume", ["test_resume.py"]),
     Mutant("resume-objects", C,
-           "notes.append(restore_state(obj, ckpt[\"objects\"][name], run.device, saved[\"model\"],",
-           "notes.append(None and restore_state(obj, ckpt[\"objects\"][name], run.device, "
-           "saved[\"model\"],",
+           "notes.append(restore_state(obj, ckpt[\"objects\"][name], run.device,",
+           "notes.append(None and restore_state(obj, ckpt[\"objects\"][name], run.device,",
            "model, optimizer, schedule, scaler and the method's state not restored",
            ["test_resume.py"]),
     # --- DDP --------------------------------------------------------------------------------------
