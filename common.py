@@ -1917,6 +1917,7 @@ def restore_state(obj, state, device, model, seed):
     if isinstance(obj, torch.Generator) and state.shape != obj.get_state().shape:
         obj.manual_seed(seed)  # deterministic: the same resume draws the same
         return f"the generator state saved is not a {obj.device.type} one: seeded from {seed}"
+    fused = [g.get("fused") for g in getattr(obj, "param_groups", [])]  # this device's choice
     for put in ("load_state_dict", "set_state", "setstate", "update"):
         if hasattr(obj, put):
             getattr(obj, put)(state)
@@ -1926,6 +1927,8 @@ def restore_state(obj, state, device, model, seed):
             raise ValueError("a queue entry is not a vector of the model's width")
         obj.clear()
         obj.extend(t.to(device) for t in state)
+    for group, f in zip(getattr(obj, "param_groups", []), fused):
+        group["fused"] = f  # not the saving device's: a CPU checkpoint keeps fused AdamW on CUDA
     for p, values in getattr(obj, "state", {}).items():  # an optimizer: moments shaped as params
         if any(torch.is_tensor(v) and v.dim() and v.shape != p.shape for v in values.values()):
             raise ValueError("optimizer moments that do not fit the parameters")

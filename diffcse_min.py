@@ -160,7 +160,7 @@ def train_step(model, head, ids, mask, cfg, disc, generator, tok, gen):
     """One encoder pass over both views stacked; each view's corrupted copy is judged given h."""
     B = ids.size(0)
     ids, mask = make_views(ids, mask)  # [2B, L]
-    specials = (tok.cls_id, tok.sep_id)
+    specials = (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id)  # [official collator]
     masked, _ = mask_tokens(ids, mask, cfg.mask_ratio, tok.mask_id, len(tok.vocab), specials, gen)
     ids, mask, masked = (shard(t, views=2) for t in (ids, mask, masked))  # [2b, L]: this process's
     h = head(all_gather(model(ids, mask, cls_only=True), views=2))  # [2B, H], every process

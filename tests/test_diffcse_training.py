@@ -69,3 +69,21 @@ def test_generator_with_another_vocabulary_is_refused(tmp_path):
     common.save_pretrained(Bert(BertConfig.tiny(), mlm_head=True), tmp_path / "mlm", other)
     with pytest.raises(common.UserError, match="vocabulary"):
         load_generator(generator_run(tmp_path / "mlm"), TOK)
+
+
+def test_no_special_token_is_ever_masked(monkeypatch):
+    """[UNK] and a literal [MASK] in the text stay as they are, like [CLS], [SEP] and [PAD]: the
+    official collator (transformers 4.2.1's DataCollatorForLanguageModeling) masks no special id
+    [issue 30]. At mask_ratio 1 every other real token is chosen."""
+    w = TOK.vocab["w7"]
+    row = [TOK.cls_id, w, TOK.unk_id, TOK.mask_id, w, w, TOK.sep_id, TOK.pad_id]
+    ids, mask = torch.tensor([row] * 4), torch.tensor([[1] * 7 + [0]] * 4)
+    chosen, real = [], diffcse_min.mask_tokens
+
+    def spy(*args):
+        chosen.append(real(*args)[1])
+        return real(*args)
+    monkeypatch.setattr(diffcse_min, "mask_tokens", spy)
+    train_step(*tiny_models()[:2], ids[:, None], mask[:, None], Config(mask_ratio=1.0),
+               *tiny_models()[2:], TOK, torch.Generator().manual_seed(0))
+    assert chosen[0].tolist() == [[False, True, False, False, True, True, False, False]] * 8

@@ -125,3 +125,17 @@ def test_a_queue_entry_of_another_width_is_refused():
     assert len(queue) == 1
     with pytest.raises(ValueError, match="width"):
         common.restore_state(queue, [torch.zeros(31)], "cpu", model, 0)
+
+
+def test_a_resumed_optimizer_keeps_this_devices_fused_choice():
+    """A checkpoint saved on the CPU (fused off) resumed on CUDA, where make_optimizer turns fused
+    AdamW on: the live optimizer's choice stays, the saved one does not replace it [issue 30]."""
+    import torch
+    model = common.Bert(common.BertConfig.tiny())
+    saved_on_cpu, _ = common.make_optimizer(model.parameters(), 1e-3, 10, torch.device("cpu"))
+    state = saved_on_cpu.state_dict()
+    assert not state["param_groups"][0]["fused"]
+    live, _ = common.make_optimizer(model.parameters(), 1e-3, 10, torch.device("cpu"))
+    live.param_groups[0]["fused"] = True  # as make_optimizer sets it on CUDA
+    assert common.restore_state(live, state, "cpu", model, 0) == ""
+    assert live.param_groups[0]["fused"] is True

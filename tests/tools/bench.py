@@ -176,19 +176,19 @@ def our_steps(base, ids, mask, args, device, tok):
                 after(model, extras)
         return step
 
-    steps["simcse"] = make(simcse_min, simcse_min.Config())
+    steps["simcse"] = make(simcse_min, simcse_min.Config(compile=args.compile))
     # a full queue: steady state
     queue = collections.deque(torch.randn(160, H, device=device).unbind(), maxlen=160)
     rng = random.Random(0)
-    steps["esimcse"] = make(esimcse_min, esimcse_min.Config(), [esimcse_min.momentum_encoder],
-                            before=lambda m, e: (e[0], queue, rng),
+    steps["esimcse"] = make(esimcse_min, esimcse_min.Config(compile=args.compile),  # fixed width
+                            [esimcse_min.momentum_encoder], before=lambda m, e: (e[0], queue, rng),
                             after=lambda m, e: esimcse_min.momentum_update(e[0], m, 0.995))
-    steps["simcsepp"] = make(simcsepp_min, simcsepp_min.Config())
+    steps["simcsepp"] = make(simcsepp_min, simcsepp_min.Config(compile=args.compile))
     generator = make_generator(base, args, tok, device)
     gen = torch.Generator(device).manual_seed(0)
     steps["diffcse"] = make(
         diffcse_min,
-        diffcse_min.Config(),
+        diffcse_min.Config(compile=args.compile),
         [lambda m: diffcse_min.Discriminator(copy.deepcopy(base)).to(device).train()],
         before=lambda m, e: (e[0], generator, tok, gen),
     )
