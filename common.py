@@ -631,6 +631,7 @@ class AllGather(torch.autograd.Function):
 # torchrun. They make the project safe and pleasant to run; Part 1 calls them by name.
 # ==================================================================================================
 import argparse
+import datetime
 import errno
 import gc
 import hashlib
@@ -1374,6 +1375,16 @@ def choose_precision(asked, device):
     return ("fp16", why) if asked == "auto" else (asked, "asked for")
 
 
+def check_compile(asked, device):
+    """--compile on a GPU that Triton, torch.compile's GPU compiler, cannot target (compute
+    capability below 7.0: P100, K80) would fail at the first step: one line before any work."""
+    major, minor = torch.cuda.get_device_capability(device) if device.type == "cuda" else (9, 0)
+    if asked and (major, minor) < (7, 0):
+        raise UserError(f"--compile: torch.compile's GPU code (Triton) needs compute capability "
+                        f"7.0 or newer, the {torch.cuda.get_device_name(device)} has "
+                        f"{major}.{minor}: leave --compile out")
+
+
 SHARED_CHECKS = {  # flag -> its interval ('[' includes the bound, '(' excludes it)
     "seed": "[0, 4294967296)", "batch_size": "[2, inf)", "max_len": "[3, inf)", "lr": "(0, 1)",
     "epochs": "[1, inf)", "max_steps": "[0, inf)", "temp": "(0, inf)", "eval_every": "[1, inf)",
@@ -1658,6 +1669,7 @@ class Run:
         self.device = init_distributed(resolve_device(cfg.device))  # under torchrun: this rank's
         self.rank, self.world_size = world()
         check_inputs(cfg, models, self.world_size)  # the first bad flag or input: one line
+        check_compile(cfg.compile, self.device)
         torch.manual_seed(cfg.seed + self.rank)  # dropout; data order and views have their own RNGs
         self.out, self.signal, self.first_step = Path(cfg.out_dir), 0, 0
         procs = f" x {self.world_size} processes" if self.world_size > 1 else ""
@@ -1667,7 +1679,7 @@ class Run:
         precision, why = choose_precision(cfg.precision, self.device)
         self.amp = MixedPrecision(precision, self.device)
         self.log(f"precision {precision}: {why}")
-        with rank0_first():  # rank 0 downloads, the others read what it wrote
+        with rank0_first("the SentEval data"):  # rank 0 downloads, the others read what it wrote
             self.senteval = resolve_senteval(cfg.senteval)
         load_sts(self.senteval, "test")  # parsed now: a malformed test file fails before training
         self.dev_history, self.stats_history, self.align_uniform = [], [], []
@@ -1685,7 +1697,7 @@ class Run:
     def load_model(self, flag="--model", mlm_head=False):
         """Tokenizer and Bert.from_pretrained of the flag's model, on the CPU (--dropout applies to
         --model's). Rank 0 downloads it once, the others read what it wrote."""
-        with rank0_first():
+        with rank0_first(f"the model of {flag}"):
             folder = resolve_model(getattr(self.cfg, flag[2:]), flag)
         dropout = self.cfg.dropout if flag == "--model" else None
         model = Bert.from_pretrained(folder, mlm_head, dropout, quiet=self.rank > 0)
@@ -1694,7 +1706,7 @@ class Run:
 
     def load_data(self, tok, one_column=False):
         """The training file, tokenized once ([CLS] and [SEP] in max_len) and cached on disk."""
-        with rank0_first():  # rank 0 tokenizes and writes the token cache, the others read it
+        with rank0_first("the training data, tokenized"):  # rank 0 writes the token cache
             data, seconds, hit = tokenize_file(tok, resolve_data(self.cfg.data), self.cfg.max_len)
         self.data_sha256, self.n_rows = data.sha256, len(data)  # a --resume must find the same
         if one_column and data.cols != 1:
@@ -2054,8 +2066,13 @@ def init_distributed(device):
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=WAIT_LIMIT)
     return device
+
+
+# the others wait on rank 0: downloads (bert-base 440 MB, wiki1m), tokenizing 1M lines, every dev
+# evaluation and checkpoint; NCCL's default of 10 minutes stops a first run [issue 30]
+WAIT_LIMIT = datetime.timedelta(hours=2)
 
 
 def leave_distributed():
@@ -2068,11 +2085,12 @@ def leave_distributed():
 
 
 @contextlib.contextmanager
-def rank0_first():
+def rank0_first(what):
     """Rank 0 runs the block first (downloads, cache writes), the others after it, reading what it
     wrote. Rank 0 releases them even when it fails, so they fail on the same problem, not hang."""
     rank, size = world()
     if rank > 0:
+        print(f"rank {rank}: waiting for rank 0 ({what}; at most {WAIT_LIMIT})", file=sys.stderr)
         dist.barrier()
     try:
         yield

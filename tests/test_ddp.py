@@ -90,3 +90,37 @@ def test_train_two_processes_end_to_end(tiny_run, two_processes):
     assert log.count("STS12") == 1
     assert (tmp / "two" / "model.safetensors").exists()
     assert not (tmp / "two" / "checkpoint.pt").exists()
+
+
+def test_the_process_group_waits_long_enough_and_the_others_say_for_what(monkeypatch, capsys):
+    """Rank 0 downloads, tokenizes and evaluates while the others wait: the group's timeout is
+    hours, not NCCL's default 10 minutes, and a waiting rank says what it waits for [issue 30]."""
+    calls = []
+    monkeypatch.setattr(common.dist, "init_process_group", lambda *a, **kw: calls.append(kw))
+    monkeypatch.setattr(common.dist, "is_initialized", lambda: False)
+    for k, v in dict(WORLD_SIZE="2", RANK="1", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1",
+                     MASTER_PORT="29500").items():
+        monkeypatch.setenv(k, v)
+    common.init_distributed(torch.device("cpu"))
+    assert calls[0]["timeout"] >= common.datetime.timedelta(hours=1)
+    monkeypatch.setattr(common, "world", lambda: (1, 2))
+    monkeypatch.setattr(common.dist, "barrier", lambda: None)
+    with common.rank0_first("the model of --model"):
+        pass
+    assert "rank 1: waiting for rank 0 (the model of --model; at most 2:00:00)" in \
+        capsys.readouterr().err
+
+
+@pytest.mark.parametrize("capability, refused", [((6, 0), True), ((7, 0), False)])
+def test_compile_on_a_gpu_triton_cannot_target_is_one_line(monkeypatch, capability, refused):
+    """A P100 (compute capability 6.0) with --compile: refused before any work [issue 30]."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla P100-PCIE-16GB")
+    cuda = torch.device("cuda", 0)
+    common.check_compile(False, cuda)  # no --compile: nothing to refuse
+    if refused:
+        with pytest.raises(common.UserError, match="Triton.*7.0 or newer, the Tesla P100-PCIE-16GB "
+                                                   "has 6.0: leave --compile out"):
+            common.check_compile(True, cuda)
+    else:
+        common.check_compile(True, cuda)
