@@ -1474,10 +1474,13 @@ def check_out_dir(out, overwrite):
         raise UserError(f"--out_dir {out}: {parent} is not a writable folder")
 
 
-def check_positions(model, max_len):
-    """A model with fewer positions than --max_len (vocab.txt vs rows: in read_weights)."""
-    if max_len > model.cfg.max_tokens:
-        raise UserError(f"--max_len {max_len} exceeds the model's {model.cfg.max_tokens} positions")
+def check_positions(model, max_len, extra=0):
+    """--max_len, + `extra` tokens a method adds (ESimCSE's repeats), against the model's positions
+    (vocab.txt vs the embedding rows: in read_weights)."""
+    if max_len + extra > model.cfg.max_tokens:
+        more = f" + {extra} (the most tokens a view adds)" if extra else ""
+        raise UserError(f"--max_len {max_len}{more} exceeds the model's {model.cfg.max_tokens} "
+                        f"positions: lower --max_len")
 
 
 def read_text(path):

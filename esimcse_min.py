@@ -1,8 +1,7 @@
 """ESimCSE: the positive is the sentence with a few sub-words repeated; a momentum-encoder queue
 adds negatives. Wu, Gao, Zang, Han, Wang and Hu, COLING 2022 (arXiv:2109.04380).
 
-Unlike simcse_min.py: the positive repeats a few sub-words (repeat_subwords); a momentum encoder
-(EMA, dropout off) queues the last M sentence vectors as more negatives; unsupervised only.
+Unlike simcse_min.py: the positive repeats sub-words; an EMA encoder queues more negatives; no NLI.
 
     loss = -1/B sum_i log(e^{s_ii} / (sum_j e^{s_ij} + sum_m e^{t_im})),  s_ij = cos(h_i, h_j⁺)/τ
     t_im = cos(h_i, q_m)/τ;  θ_m <- μ·θ_m + (1 - μ)·θ each step;  μ = 0.995, M = 160
@@ -25,7 +24,7 @@ import torch.nn.functional as F
 from common import (DevSet, Run, all_gather, epoch_batches, evaluate_dev, evaluate_sts, keep_best,
                     main_guard, make_optimizer, optimizer_step, parse_args, save_pretrained, shard,
                     total_steps, upcast)
-from common import pad_ids  # ESimCSE
+from common import check_positions, pad_ids  # ESimCSE
 
 
 # ---- Config
@@ -149,6 +148,7 @@ def train_step(model, head, ids, mask, cfg, momentum, queue, rng):
 def train(cfg):
     run = Run(cfg, __file__)  # operations (common.py Part 2): checks, log, checkpoints, signals
     tok, model = run.load_model()  # Tokenizer and Bert.from_pretrained(cfg.model), on the CPU
+    check_positions(model, cfg.max_len, extra=9)  # ESimCSE: the repeated view's 9 more tokens
     data = run.load_data(tok, one_column=True)  # ESimCSE: unsupervised only
     dev_set = DevSet(tok, run.senteval)  # STS-B dev: picks the best step [SimCSE App. B]
     model = model.to(run.device)

@@ -29,9 +29,10 @@ DIFF_BUDGET = {"esimcse_min.py": 100, "simcsepp_min.py": 100, "diffcse_min.py": 
 BUDGETS = {"Part 1": 650, "Part 2": 1100, "Part 3": 450}
 # Part 2 is not at its budget yet (issue 28 stays open for it): it holds this ceiling until then,
 # and test_part_2_meets_its_budget, a strict xfail, fails once it gets there. 1,452 at the end of
-# issue 28's restructuring; +21 for issue 30: the fused-AdamW choice kept on resume, the process
-# group's timeout and the waiting ranks' note, --compile refused on a GPU Triton cannot target.
-CEILINGS = {"Part 2": 1473}
+# issue 28's restructuring; +24 for issue 30: the fused-AdamW choice kept on resume, the process
+# group's timeout and the waiting ranks' note, --compile refused on a GPU Triton cannot target,
+# the positions a method's views add (ESimCSE's 9) checked with --max_len.
+CEILINGS = {"Part 2": 1476}
 # The Part 2/3 names Part 1 may call: each says what it does, and nobody needs its details to learn
 # a method [issue 28: at most 6]. A new one fails test_part_1_uses_only_its_seams.
 SEAMS = {"UserError", "read_tokenizer_files", "read_weights", "load_sts", "world"}
