@@ -288,7 +288,7 @@ class Layer(nn.Module):
 
     def forward(self, x, mask, cls_only=False):  # x [B, L, H], mask [B, 1, 1, L] bool: a token
         """-> [B, L, H]; cls_only: [B, 1, H], the [CLS] row alone (its query; keys, values all)."""
-        B, L, H = x.shape  # cls_only: steps 1.18x, the dev evaluation 1.13x as fast [docs/speed.md]
+        B, L, H = x.shape  # cls_only: steps, the dev evaluation ~1.17x as fast [docs/speed.md]
         rows = x[:, :1] if cls_only else x  # [B, Q, H], Q = 1 or L
         q = self.query(rows).view(B, rows.size(1), self.heads, -1).transpose(1, 2)  # [B, h, Q, H/h]
         k, v = (p(x).view(B, L, self.heads, -1).transpose(1, 2) for p in (self.key, self.value))
@@ -1376,8 +1376,8 @@ def choose_precision(asked, device):
 
 
 def check_compile(asked, device):
-    """--compile on a GPU that Triton, torch.compile's GPU compiler, cannot target (compute
-    capability below 7.0: P100, K80) would fail at the first step: one line before any work."""
+    """--compile on a GPU below compute capability 7.0 (P100, K80), which Triton cannot target,
+    fails at the first step [torch._inductor GPUTooOldForTriton]: one line before any work."""
     major, minor = torch.cuda.get_device_capability(device) if device.type == "cuda" else (9, 0)
     if asked and (major, minor) < (7, 0):
         raise UserError(f"--compile: torch.compile's GPU code (Triton) needs compute capability "
@@ -1591,7 +1591,7 @@ def main_guard(fn, *args):
 
 def tokenize_corpus(tok, texts, max_len=None):
     """Sentences -> id lists, with a progress line on a large corpus. One process: a pool of workers
-    made a 2-core run's set-up 7 % slower [docs/speed.md]."""
+    saved about 1 % on a 48k-line file, no parallel gain on 2 cores [docs/speed.md]."""
     progress, out = Progress("corpus", "sentences tokenized"), []
     for i in range(0, len(texts), 10_000):
         out += [tok.encode(t, max_len) for t in texts[i:i + 10_000]]
@@ -1616,7 +1616,7 @@ class TokenizedRows:
 
 def tokenize_file(tok, path, max_len):
     """A training file tokenized once, cached on disk by its content, the vocabulary and max_len (a
-    repeat run's set-up: 2.1x as fast [docs/speed.md]) -> (TokenizedRows, seconds, cache hit?)."""
+    repeat run's set-up: 2.2x as fast [docs/speed.md]) -> (TokenizedRows, seconds, cache hit?)."""
     start, path = time.time(), Path(path)
     check_data(path)  # before hashing it (a FIFO would hang); read_text checks it too
     vocab = hashlib.sha256("\n".join([*tok.vocab, *map(" ".join, getattr(tok, "merges", []))])

@@ -113,7 +113,9 @@ def test_the_process_group_waits_long_enough_and_the_others_say_for_what(monkeyp
 
 @pytest.mark.parametrize("capability, refused", [((6, 0), True), ((7, 0), False)])
 def test_compile_on_a_gpu_triton_cannot_target_is_one_line(monkeypatch, capability, refused):
-    """A P100 (compute capability 6.0) with --compile: refused before any work [issue 30]."""
+    """A P100 (compute capability 6.0) with --compile: refused before any work [issue 30]. The
+    record: inductor raises "Found Tesla P100-PCIE-16GB which is too old to be supported by the
+    triton GPU compiler ... CUDA capability 6.0" at the first compiled call (a vLLM user's log)."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla P100-PCIE-16GB")
     cuda = torch.device("cuda", 0)

@@ -89,19 +89,22 @@ def test_token_cache_round_trip(world, tmp_path, monkeypatch):
     assert common.tokenize_file(tok, world["data"], 12)[2] is False
 
 
-@pytest.mark.parametrize("max_len, refused", [(28, True), (27, False)])
+@pytest.mark.parametrize("max_len, refused", [(32, True), (27, False)])
 def test_esimcse_checks_its_repeated_view_against_the_positions(world, tmp_path, max_len, refused):
     """ESimCSE's repeated view holds up to 9 tokens more than --max_len: a model of 36 positions
-    takes --max_len 27; 28 is refused before any work, not at the first long batch [issue 30]."""
+    takes --max_len 27; 32 on 40-word sentences is refused before any work [issue 30], where it
+    used to stop at the first batch whose repeats ran past the position table."""
     import esimcse_min
-    from tiny_world import tokenizer
+    from tiny_world import WORDS, tokenizer
     tok = tokenizer()
     cfg = common.BertConfig.tiny(vocab_size=len(tok.vocab), max_position_embeddings=36)
     common.save_pretrained(common.Bert(cfg), tmp_path / "m36", tok)
-    cfg = config(esimcse_min, {**world, "model": str(tmp_path / "m36")}, tmp_path / "o",
-                 max_len=max_len)
+    (tmp_path / "long.txt").write_text("".join(" ".join(WORDS[(i + j) % len(WORDS)] for j in
+                                                        range(40)) + "\n" for i in range(16)))
+    cfg = config(esimcse_min, {**world, "model": str(tmp_path / "m36"),
+                               "data": str(tmp_path / "long.txt")}, tmp_path / "o", max_len=max_len)
     if refused:
-        with pytest.raises(common.UserError, match="--max_len 28 \\+ 9 .* exceeds the model's 36"):
+        with pytest.raises(common.UserError, match="--max_len 32 \\+ 9 .* exceeds the model's 36"):
             esimcse_min.train(cfg)
         assert not (tmp_path / "o").exists()
     else:
