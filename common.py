@@ -376,10 +376,10 @@ def total_steps(n_rows, cfg):
     return min(per_epoch * cfg.epochs, cfg.max_steps or math.inf)
 
 
-def epoch_batches(data, tok, cfg, start, total, device):
-    """ids, mask [B, C, L] for steps start+1..total: the rows shuffled afresh each epoch from the
-    seed and the epoch (a resumed run draws the same), full batches only [official: drop_last].
-    --compile pads every batch to max_len, so that every step has one shape."""
+def epoch_batches(data, tok, cfg, start, total):
+    """ids, mask [B, C, L] on the CPU for steps start+1..total: the rows shuffled afresh each epoch
+    from the seed and the epoch (a resumed run draws the same), full batches only [official:
+    drop_last]. --compile pads every batch to max_len, so that every step has one shape."""
     per_epoch, width = len(data) // cfg.batch_size, cfg.max_len if cfg.compile else None
     for step in range(start, total):
         epoch, position = divmod(step, per_epoch)
@@ -388,7 +388,7 @@ def epoch_batches(data, tok, cfg, start, total, device):
                 cfg.seed * 1000 + epoch)).tolist()
         rows = [data[i] for i in order[position * cfg.batch_size:(position + 1) * cfg.batch_size]]
         ids, mask = tok.pad([x for r in rows for x in r], width)  # [B*C, L]
-        yield (t.view(len(rows), len(rows[0]), -1).to(device) for t in (ids, mask))  # [B, C, L]
+        yield (t.view(len(rows), len(rows[0]), -1) for t in (ids, mask))  # [B, C, L]
 
 
 # --- STS evaluation (SimCSE's SentEval fork: cosine, Spearman x 100, 'all' for STS12-16) --------
@@ -495,9 +495,11 @@ def alignment(x, y):  # x, y [N, H] positive pairs -> E ||x - y||^2, L2-normalis
     return (x - y).pow(2).sum(-1).mean().item()  # [Wang & Isola 2020, Eq. 2]; NaN without a pair
 
 
-def uniformity(x):  # x [N, H] -> log E exp(-2 ||x_i - x_j||^2) over pairs i < j (lower is better)
-    x = F.normalize(x.double(), dim=-1)
-    return torch.pdist(x).pow(2).mul(-2).exp().mean().log().item()  # i < j only [Wang & Isola]
+def uniformity(x):  # x [N, H] -> log E exp(-2 ||x_i - x_j||^2) over pairs i != j (lower is better)
+    x = F.normalize(x.double(), dim=-1)  # then ||x_i - x_j||^2 = 2 - 2 x_i.x_j: one matmul
+    k = (x @ x.T).mul(4).sub(4).exp()  # [N, N] exp(-2 ||x_i - x_j||^2); 1.9x pdist [docs/speed.md]
+    n = len(x)  # the mean over i != j equals the mean over i < j [Wang & Isola 2020, Eq. 3]
+    return ((k.sum() - k.diagonal().sum()) / (n * (n - 1))).log().item()
 
 
 def distinct_indices(sentences):
@@ -509,9 +511,10 @@ def distinct_indices(sentences):
 
 
 class DevSet:
-    """STS-B dev, tokenized once: the score that picks the best step in training [SimCSE App. B]."""
+    """STS-B dev, tokenized once at the model's length (max_len: its positions): the score that
+    picks the best step in training [SimCSE App. B]."""
 
-    def __init__(self, tok, root, max_len=512):
+    def __init__(self, tok, root, max_len):
         a, b, self.gold = load_sts(root, "dev")["STSBenchmark"]["dev"]
         self.tok, self.ids = tok, [tok.encode(s, max_len) for s in a + b]
         self.distinct = distinct_indices(a + b)
@@ -521,11 +524,12 @@ def evaluate_dev(model, dev, progress=None):
     """STS-B dev Spearman x 100 of the raw [CLS] cosines, and the alignment (pairs with gold > 4)
     and uniformity (distinct sentences) of the same vectors [Wang & Isola 2020]."""
     vectors = encode_sentences(model, dev.tok, None, "cls", 256, dev.ids, progress)  # [3k, H]
+    distinct = vectors[dev.distinct].to(next(model.parameters()).device)  # on the GPU: no stall
     a, b = vectors[:len(dev.gold)], vectors[len(dev.gold):]  # [1500, H] each
     positive = torch.as_tensor(dev.gold > POSITIVE_GOLD)  # [1500] bool
     return {"stsb_dev": float(100 * scipy.stats.spearmanr(cosine(a, b), dev.gold)[0]),
             "align": alignment(a[positive], b[positive]),
-            "uniform": uniformity(vectors[dev.distinct])}
+            "uniform": uniformity(distinct)}
 
 
 def keep_best(best, step, dev, model):
@@ -545,17 +549,15 @@ class MixedPrecision:
     def __init__(self, name, device):
         self.name, self.device_type = name, device.type  # name: bf16, fp16 or fp32
         self.scaler = torch.amp.GradScaler(device.type, enabled=name == "fp16")  # else a no-op
-        self.skipped = 0  # fp16: steps skipped because a gradient overflowed
 
     def autocast(self):
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.name)
         return torch.autocast(self.device_type, dtype) if dtype else contextlib.nullcontext()
 
     def state_dict(self):  # for the checkpoint
-        return {"name": self.name, "skipped": self.skipped, "scaler": self.scaler.state_dict()}
+        return {"name": self.name, "scaler": self.scaler.state_dict()}
 
     def load_state_dict(self, state):  # saved in another precision: the scaler starts afresh
-        self.skipped = int(state["skipped"])
         if self.scaler.is_enabled() and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
 
@@ -575,16 +577,35 @@ def make_optimizer(params, lr, total_steps, device):
 def optimizer_step(loss, opt, sched, amp, max_grad_norm=1.0):
     """backward, clip the global gradient norm at 1.0 [official: HF Trainer], step, zero. fp16: the
     loss is scaled for backward and the gradients unscaled before clipping; a step whose gradients
-    overflowed is skipped (counted) and the scale halves [torch.amp recipe]. Else no-ops."""
+    overflowed is skipped and the scale halves [torch.amp recipe]. Else no-ops. Nothing here
+    reads a GPU value: the CPU queues the next step while the GPU runs this one."""
     amp.scaler.scale(loss).backward()
     amp.scaler.unscale_(opt)  # the true gradients, before clipping
     nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], max_grad_norm)
-    scale = amp.scaler.get_scale()
-    amp.scaler.step(opt)  # fp16: skipped if a gradient is inf or NaN
+    amp.scaler.step(opt)  # fp16: skipped if a gradient is inf or NaN (AdamW's count stays)
     amp.scaler.update()
-    amp.skipped += amp.scaler.get_scale() < scale  # only an overflow lowers the scale
     sched.step()  # the schedule follows the step count, skipped or not [official: HF Trainer 4.2]
     opt.zero_grad(set_to_none=True)
+
+
+class LossWatch:
+    """A non-finite loss stops the run (exit status 3), keeping the best model so far. The first
+    such step is noted on the device and read every 10 steps and before each evaluation or save:
+    a .item() per step would make the CPU wait for the GPU at every step [issue 30]."""
+
+    def __init__(self):
+        self.first, self.value = torch.tensor(0), torch.tensor(0.0)  # the first bad step; its loss
+
+    def note(self, loss, step):  # on the loss's device (a 0-dim CPU tensor joins it): no sync
+        bad = (self.first == 0) & ~torch.isfinite(loss.detach())  # [] bool
+        self.first = torch.where(bad, step, self.first)
+        self.value = torch.where(bad, loss.detach().float(), self.value)
+
+    def stopped(self, step, read):  # read: an evaluation or save comes next -> "" or why
+        if not (read or step % 10 == 0) or not int(self.first):
+            return ""
+        return (f"the loss became {self.value.item()} at step {int(self.first)}: stopping "
+                f"(lower --lr?)")
 
 
 # Multi-GPU (torchrun): each process reads the same global batch, encodes its share (shard), and the
@@ -668,10 +689,11 @@ class TrainingStopped(UserError):
     exit_code = 3
 
 
-def format_stats(stats, amp=None):  # "loss 0.1234 | rtd 0.5678"; step 0, no training: "loss -"
-    """fp16 adds "| skipped 2": the steps skipped so far because a gradient overflowed."""
-    skipped = f" | skipped {amp.skipped}" if amp and amp.scaler.is_enabled() else ""
-    return (" | ".join(f"{k} {float(v):.4f}" for k, v in stats.items()) or "loss -") + skipped
+def skipped_steps(opt, sched):
+    """The steps fp16 skipped because a gradient overflowed: the schedule counts every step,
+    AdamW only those it took. Read when logged, never per step: no host sync [issue 30]."""
+    taken = opt.state.get(opt.param_groups[0]["params"][0], {}).get("step", 0)
+    return sched.last_epoch - int(taken)  # the first parameter: the word embeddings, always used
 
 
 # --- Files: atomic writes, JSON, safetensors ----------------------------------------------------
@@ -775,8 +797,20 @@ def write_safetensors(path, tensors, metadata=None):
 
 # --- Hugging Face model folders: files, config, weights, names ----------------------------------
 
+def special_file(folder):
+    """'' or 'NAME is not a regular file ...': a model file that is a FIFO, a device (a link to
+    /dev/zero) or a folder, whose read would never end or fail with a traceback."""
+    for name in ("config.json", "vocab.txt", "vocab.json", "merges.txt", "tokenizer_config.json",
+                 "model.safetensors", "pytorch_model.bin"):
+        if os.path.lexists(folder / name) and path_problem(folder / name):
+            return f"{name} {path_problem(folder / name)}"
+    return ""
+
+
 def folder_problem(folder):
     """What keeps `folder` from being a model folder we can read ("" if nothing)."""
+    if special_file(folder):
+        return f"is unreadable: its {special_file(folder)}"
     if not (folder / "config.json").is_file():
         return "has no config.json: not a Hugging Face model folder"
     if not any((folder / v).is_file() for v in ("vocab.txt", "merges.txt")):
@@ -831,6 +865,8 @@ def read_tokenizer_files(name_or_dir):
     """A model folder's (or known name's) tokenizer files, checked: {vocab, merges} for RoBERTa's
     BPE, else {vocab, do_lower_case, strip_accents} for WordPiece."""
     folder = resolve_model(name_or_dir)
+    if special_file(folder):
+        raise CheckpointError(f"{folder}/{special_file(folder)}")
     if (folder / "merges.txt").exists():
         return dict(zip(("vocab", "merges"), read_bpe(folder)))
     vocab, config = read_vocab(folder)
@@ -952,6 +988,9 @@ def rename_checkpoint(tensors, model_type, expected, mlm_head):
         bare = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", bare)
         if bare in TIED and mlm_head and (words is None or not torch.equal(t, words)):
             raise CheckpointError(f"{key} is not tied to the word embeddings; this BERT ties them")
+        if bare in ours and ours[bare] in state:  # X and bert.X: which one is meant is unclear
+            raise CheckpointError(f"{key}: the checkpoint holds this tensor twice (with and "
+                                  f"without the model prefix); keep one")
         if bare in ours:
             state[ours[bare]] = t
         elif bare not in TIED | SKIPPED:
@@ -986,6 +1025,12 @@ def note_unused(folder, unused):
           file=sys.stderr)
 
 
+SAVED = ("model.safetensors", "config.json", "vocab.txt", "vocab.json", "merges.txt",
+         "tokenizer_config.json", "special_tokens_map.json", "modules.json",
+         "sentence_bert_config.json", "1_Pooling/config.json")  # what save_pretrained writes
+OUTPUTS = ("log.txt", "checkpoint.pt", "results.json", *SAVED)  # what a run writes in out_dir
+
+
 def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
     """A folder that BertModel (RobertaModel) and sentence-transformers (CLS pooling) load with our
     vectors."""
@@ -1002,7 +1047,6 @@ def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
                                                 BPE_SPECIALS if bpe else SPECIAL_TOKENS)}
     strip = None if tokenizer.strip_accents == tokenizer.lower else tokenizer.strip_accents
     st, arch = "sentence_transformers.models.", "Roberta" if kind == "roberta" else "Bert"
-    positions = cfg.max_tokens
     tokenizer_config = {"tokenizer_class": "RobertaTokenizer", "add_prefix_space": False,
                         "bos_token": "<s>", "eos_token": "</s>"} if bpe else {
         "tokenizer_class": "BertTokenizer", "do_lower_case": tokenizer.lower,
@@ -1012,12 +1056,11 @@ def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
                         **dataclasses.asdict(cfg), "model_type": kind, "hidden_act": "gelu",
                         "position_embedding_type": "absolute", "initializer_range": 0.02,
                         "torch_dtype": str(dtype).removeprefix("torch.")},
-        "tokenizer_config.json": tokenizer_config | specials | {"model_max_length": positions},
+        "tokenizer_config.json": tokenizer_config | specials | {"model_max_length": cfg.max_tokens},
         "special_tokens_map.json": specials,
         "modules.json": [{"idx": 0, "name": "0", "path": "", "type": st + "Transformer"},
                          {"idx": 1, "name": "1", "path": "1_Pooling", "type": st + "Pooling"}],
-        "sentence_bert_config.json": {"max_seq_length": positions,
-                                      "do_lower_case": False},
+        "sentence_bert_config.json": {"max_seq_length": cfg.max_tokens, "do_lower_case": False},
         "1_Pooling/config.json": {"word_embedding_dimension": cfg.hidden_size, **{
             f"pooling_mode_{m}": m == "cls_token"
             for m in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens")}},
@@ -1281,6 +1324,12 @@ def _joined(s):
     return " ".join(s.split())  # SentEval splits on whitespace; its batcher re-joins with spaces
 
 
+def scored(a, b, gold):  # a Spearman needs 2 pairs at least: else a traceback at the run's end
+    if len(gold) < 2:
+        raise ValueError(f"{len(gold)} scored pair(s); a correlation needs 2 at least")
+    return a, b, gold
+
+
 def load_sts_subset(root, year, subset):
     """(sentences A, B, gold) of one STS12-16 subset; pairs with an empty gold score dropped."""
     folder = Path(root) / "STS" / f"{year}-en-test"
@@ -1288,9 +1337,11 @@ def load_sts_subset(root, year, subset):
         lines = (folder / f"STS.input.{subset}.txt").read_text().splitlines()
         pairs = [r.split("\t") for r in lines]
         gold = (folder / f"STS.gs.{subset}.txt").read_text().splitlines()
+        if len(gold) != len(pairs):  # SentEval's not_empty_idx then fails: never score fewer
+            raise ValueError(f"{len(pairs)} sentence pairs but {len(gold)} gold scores")
         keep = [i for i, g in enumerate(gold) if g != ""]  # not_empty_idx [official SentEval]
-        return ([_joined(pairs[i][0]) for i in keep], [_joined(pairs[i][1]) for i in keep],
-                np.array([float(gold[i]) for i in keep]))
+        return scored([_joined(pairs[i][0]) for i in keep], [_joined(pairs[i][1]) for i in keep],
+                      np.array([float(gold[i]) for i in keep]))
 
 
 def load_sts_split(root, task, split):
@@ -1300,8 +1351,8 @@ def load_sts_split(root, task, split):
         lines = path.read_text().splitlines()
         rows = [r.strip().split("\t") for r in (lines if task == "STSBenchmark" else lines[1:])]
         a, b, y = (5, 6, 4) if task == "STSBenchmark" else (1, 2, 3)
-        return [_joined(r[a]) for r in rows], [_joined(r[b]) for r in rows], \
-            np.array([float(r[y]) for r in rows])
+        return scored([_joined(r[a]) for r in rows], [_joined(r[b]) for r in rows],
+                      np.array([float(r[y]) for r in rows]))
 
 
 def load_sts(root, mode="test"):
@@ -1474,6 +1525,20 @@ def check_out_dir(out, overwrite):
         raise UserError(f"--out_dir {out}: {parent} is not a writable folder")
 
 
+def check_writes_no_input(flag, outputs, inputs):
+    """A path the command writes (outputs) that it also reads (inputs: files, or folders, each of
+    whose files counts), links resolved: one line naming the flag, before anything is written."""
+    def real(p):  # a symlink loop stays as it is (Path.resolve raises on one)
+        return Path(os.path.realpath(Path(p).expanduser()))
+    read = set()
+    for p in (real(p) for p in inputs if p):
+        read |= {p, *(real(q) for q in (p.iterdir() if p.is_dir() else ()))}
+    for p in outputs:
+        if real(p) in read:
+            raise UserError(f"{flag}: {p} is one of this command's inputs (a model, the data or "
+                            f"SentEval); writing there would destroy it: pick another {flag}")
+
+
 def check_positions(model, max_len, extra=0):
     """--max_len, + `extra` tokens a method adds (ESimCSE's repeats), against the model's positions
     (vocab.txt vs the embedding rows: in read_weights)."""
@@ -1514,6 +1579,9 @@ def read_training_data(path):
     each cut to MAX_SENTENCE_CHARS (said once, not an error)."""
     import csv
     import io
+    if Path(path).suffix.lower() == ".tsv":  # its tabs would join a pair into one "sentence"
+        raise UserError(f"{path}: a .tsv is not read; sentence pairs go in a .csv (sent0,sent1"
+                        f"[,hard_neg]), else one sentence a line in a .txt")
     if Path(path).suffix.lower() != ".csv":
         rows = [(s,) for s in read_lines(path)]
     else:  # parsed as CSV: quoted commas, quotes and newlines; blank rows skipped
@@ -1564,7 +1632,7 @@ def main_guard(fn, *args):
     # a Spearman of constant input (a collapsed model, one gold score) is NaN: logged, never best
     warnings.filterwarnings("ignore", category=scipy.stats.ConstantInputWarning)
     # fp16: a first step skipped for overflow still steps the schedule, as HF Trainer 4.2 does
-    warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step()` before")
+    warnings.filterwarnings("ignore", re.escape("Detected call of `lr_scheduler.step()` before"))
     try:
         result = fn(*args)
     except OSError as e:
@@ -1619,7 +1687,8 @@ def tokenize_file(tok, path, max_len):
     repeat run's set-up: 2.2x as fast [docs/speed.md]) -> (TokenizedRows, seconds, cache hit?)."""
     start, path = time.time(), Path(path)
     check_data(path)  # before hashing it (a FIFO would hang); read_text checks it too
-    vocab = hashlib.sha256("\n".join([*tok.vocab, *map(" ".join, getattr(tok, "merges", []))])
+    vocab = hashlib.sha256("\n".join([*map(repr, tok.vocab.items()),  # the ids too [issue 27]
+                                      *map(" ".join, getattr(tok, "merges", []))])
                            .encode() + bytes([tok.lower, tok.strip_accents]))
     digest = sha256_file(path)
     key = f"{digest} {path.suffix} {vocab.hexdigest()} {max_len}"
@@ -1664,17 +1733,23 @@ class Run:
     """A training run's operations, which train() calls by name: inputs checked, out_dir and its
     lock, log.txt, the data, checkpoints, Ctrl-C/SIGTERM, torchrun. The loop stays in train()."""
 
+    progress = Progress  # run.progress("STS test"): a progress line for a long evaluation
+
     def __init__(self, cfg, script, models=("model",)):
         method = Path(script).stem.removesuffix("_min")  # simcse, esimcse, simcsepp or diffcse
-        cfg.out_dir = cfg.out_dir or f"runs/{method}"
         self.cfg, self.method, self.log_lines = cfg, method, []  # the log waits for start()
+        self.out = out_dir_of(cfg, method)
+        self.out_existed, self.lock = self.out.is_dir(), lock_folder(self.out)  # before any check
         self.resumed = read_resumed_run(cfg, method)  # --resume: the checkpoint; its cfg into cfg
+        cfg.out_dir = str(self.out)
         self.device = init_distributed(resolve_device(cfg.device))  # under torchrun: this rank's
         self.rank, self.world_size = world()
         check_inputs(cfg, models, self.world_size)  # the first bad flag or input: one line
+        check_writes_no_input("--out_dir", [self.out, *(self.out / n for n in OUTPUTS)],
+                              [cfg.data, cfg.senteval, *(getattr(cfg, f) for f in models)])
         check_compile(cfg.compile, self.device)
         torch.manual_seed(cfg.seed + self.rank)  # dropout; data order and views have their own RNGs
-        self.out, self.signal, self.first_step = Path(cfg.out_dir), 0, 0
+        self.signal, self.first_step = 0, 0
         procs = f" x {self.world_size} processes" if self.world_size > 1 else ""
         self.log(f"{method} | {script} sha256 {sha256_file(script)[:16]} | torch "
                  f"{torch.__version__} | {self.device}{procs}")
@@ -1694,8 +1769,8 @@ class Run:
             print(msg, flush=True)
             if self.log_lines is not None:
                 return self.log_lines.append(msg)
-            with open(self.out / "log.txt", "a", encoding="utf-8") as f:
-                f.write(msg + "\n")
+            self.log_file.write(msg + "\n")
+            self.log_file.flush()
 
     def load_model(self, flag="--model", mlm_head=False):
         """Tokenizer and Bert.from_pretrained of the flag's model, on the CPU (--dropout applies to
@@ -1724,7 +1799,8 @@ class Run:
     def compile(self, model):
         """--compile: torch.compile the encoder in place (its batches are padded to max_len)."""
         if self.cfg.compile:  # Module.compile keeps parameter names; model.encode stays eager
-            model.compile(mode="reduce-overhead" if self.device.type == "cuda" else None)
+            mode = "reduce-overhead" if self.device.type == "cuda" else None  # CUDA graphs
+            model.compile(mode=mode, dynamic=False)  # SimCSE++'s dropout-off pass: static too
             self.log("compiled the encoder (torch.compile): the first steps include compiling it")
         return model
 
@@ -1732,28 +1808,31 @@ class Run:
         """Open out_dir, catch Ctrl-C/SIGTERM -> (0, {}), or the --resume step and its stats."""
         self.total = total
         step, stats = restore_checkpoint(self, checkpointed) if self.resumed else (0, {})
+        self.opt, self.sched = checkpointed["opt"], checkpointed["sched"]  # for skipped_steps
         open_out_dir(self)
         catch_signals(self)
         return step, stats
 
     def ddp(self, module):
-        """DistributedDataParallel around a trained module under torchrun (gradients averaged over
-        the processes); else the module itself."""
+        """DistributedDataParallel under torchrun (gradients averaged); else the module itself."""
         if self.world_size == 1:
             return module
         ids = [self.device.index] if self.device.type == "cuda" else None
         return nn.parallel.DistributedDataParallel(module, device_ids=ids)
-
-    def progress(self, what):
-        return Progress(what)  # a progress line for a long evaluation
 
     def log_progress(self, step, stats):
         """A progress line about every 10 seconds between evaluations."""
         if time.time() - self.last_print > 10:
             rate = (step - self.first_step) / (time.time() - self.started)
             self.last_print = time.time()
-            self.log(f"step {step}/{self.total} | {format_stats(stats, self.amp)} | {rate:.2f} "
+            self.log(f"step {step}/{self.total} | {self.format_stats(stats)} | {rate:.2f} "
                      f"steps/s | eta {(self.total - step) / rate / 60:.1f} min")
+
+    def format_stats(self, stats):  # "loss 0.1234 | rtd 0.5678"; no training yet: "loss -"
+        """fp16 adds "| skipped 2": the steps skipped so far because a gradient overflowed."""
+        text = " | ".join(f"{k} {float(v):.4f}" for k, v in stats.items()) or "loss -"
+        fp16 = self.amp.scaler.is_enabled()
+        return text + (f" | skipped {skipped_steps(self.opt, self.sched)}" if fp16 else "")
 
     def log_dev(self, step, dev, stats, best):
         """The dev evaluation's line in the log, and its place in results.json's histories."""
@@ -1762,7 +1841,7 @@ class Run:
         self.stats_history.append([step, {k: float(v) for k, v in stats.items()}])
         seconds, steps = time.time() - self.started, step - self.first_step
         pace = f"{1000 * seconds / steps:.0f} ms/step" if steps else f"start-up {seconds:.1f} s"
-        self.log(f"step {step} | {format_stats(stats, self.amp)} | stsb_dev {dev['stsb_dev']:.2f} "
+        self.log(f"step {step} | {self.format_stats(stats)} | stsb_dev {dev['stsb_dev']:.2f} "
                  f"| align {dev['align']:.4f} uniform {dev['uniform']:.4f} | best "
                  f"{best['dev']:.2f} @ {best['step']} | {pace}")
 
@@ -1796,14 +1875,15 @@ class Run:
         for s, h in getattr(self, "old_handlers", {}).items():
             signal.signal(s, h)
         self.old_handlers = {}
-        if getattr(self, "lock", None):
-            self.lock.close()
+        for f in (getattr(self, "lock", None), getattr(self, "log_file", None)):
+            f and f.close()
+        self.lock = self.log_file = None
         return {}
 
-    def signal_received(self):
+    def signal_received(self, step):
         """The Ctrl-C/SIGTERM caught so far (0: none) by any rank: under torchrun all stop
-        together."""
-        if self.world_size > 1:
+        together, agreeing every 10 steps (each agreement makes the CPU wait for the GPU)."""
+        if self.world_size > 1 and step % 10 == 0:
             flag = torch.tensor([self.signal], device=self.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             self.signal = int(flag)
@@ -1836,35 +1916,77 @@ class Run:
 
     def exit_on_signal(self, step):
         """Say how to continue, then exit 128 + signal (the checkpoint of `step` is saved)."""
-        self.release()
         self.log(f"{signal.Signals(self.signal).name} at step {step}: " + (
             f"checkpoint saved; continue with --resume {self.out}" if step else
             "stopped before training"))
+        self.release()
         sys.exit(128 + self.signal)
 
 
+def lock_folder(out):
+    """flock on the folder itself, held for the run: taken before out_dir is checked, so two runs
+    started together cannot both pass the check, and renaming a file inside lets no second run in.
+    Released by release(), when the run is collected, or when the process ends (a crash cannot
+    leave it stuck) -> a FolderLock, or None (no folder yet: open_out_dir makes it; not POSIX)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    if int(os.environ.get("RANK", "0")) > 0 or not out.is_dir():  # torchrun: rank 0 holds it
+        return None
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise UserError(f"--out_dir {out} is in use by another run that is still going: wait "
+                        f"for it, or pick another --out_dir") from None
+    return FolderLock(fd)
+
+
+class FolderLock:
+    def __init__(self, fd):
+        self.fd = fd
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+    __del__ = close  # a run refused after its lock (in-process, in tests) lets go when collected
+
+
 def open_out_dir(run):
-    """Create out_dir, lock it, write the log so far (before this a bad input leaves no file)."""
+    """Create out_dir (one this run found absent: exclusively, then lock it), clear what was left
+    there (a killed write's temporary files; --overwrite: the old run's outputs), start log.txt
+    (never through a link) with the log so far. Before this a bad input leaves no file."""
     lines, run.log_lines = run.log_lines, None
     if run.rank > 0:
         return
-    run.out.mkdir(parents=True, exist_ok=True)
-    run.lock = open(run.out / "log.txt", "a", encoding="utf-8")  # held open: out_dir's lock
-    try:  # released when the run ends, or its process does (a crash cannot leave it stuck)
-        import fcntl  # POSIX; elsewhere two runs on one out_dir are not stopped
-        fcntl.flock(run.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except ImportError:
-        pass
-    except BlockingIOError:
-        raise UserError(f"--out_dir {run.out} is in use by another run that is still going: wait "
-                        f"for it, or pick another --out_dir") from None
-    if run.cfg.overwrite:
-        for name in ("checkpoint.pt", "results.json"):
-            (run.out / name).unlink(missing_ok=True)
+    if not run.out_existed:
+        run.out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            run.out.mkdir()  # atomic: of two runs that found no folder, one gets here
+        except FileExistsError:
+            raise UserError(f"--out_dir {run.out} appeared after this run checked it (another "
+                            f"run starting?): pick another --out_dir") from None
+        run.lock = lock_folder(run.out)
+    if (run.out / "1_Pooling").exists() and not (run.out / "1_Pooling").is_dir():
+        raise UserError(f"--out_dir {run.out}: 1_Pooling is a file, where the saved model needs "
+                        f"a folder: move it, or pick another --out_dir")
+    left = [p for p in run.out.iterdir() if re.fullmatch(r"\..+\.\w{8}\.tmp", p.name)]
+    for path in left + [run.out / n for n in OUTPUTS if run.cfg.overwrite]:
+        path.unlink(missing_ok=True)  # atomic_write's temporary names: never anybody's file
+    log = run.out / "log.txt"
     if not run.resumed:
-        run.lock.truncate(0)
-    run.lock.write("".join(m + "\n" for m in lines))
-    run.lock.flush()
+        log.unlink(missing_ok=True)  # a link is removed, never followed
+    try:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+        run.log_file = open(os.open(log, flags, 0o666), "a", encoding="utf-8")
+    except OSError as e:
+        raise UserError(f"{log} cannot be appended to ({e.strerror}; a link is not followed): "
+                        f"move it away, or pick another --out_dir") from None
+    run.log_file.write("".join(m + "\n" for m in lines))
+    run.log_file.flush()
 
 
 def read_resumed_run(cfg, method):
@@ -1874,8 +1996,10 @@ def read_resumed_run(cfg, method):
         return None
     if cfg.overwrite:
         raise UserError("--resume continues a run and --overwrite replaces one: pass just one")
-    out = Path(cfg.resume).expanduser()
-    out = out.parent if out.name == "checkpoint.pt" else out
+    out = out_dir_of(cfg, method)
+    if cfg.out_dir and Path(cfg.out_dir).expanduser().absolute() != out.absolute():
+        raise UserError(f"--out_dir {cfg.out_dir}: a resumed run stays in its folder {out}; "
+                        f"leave --out_dir out")
     if not out.is_dir():
         raise UserError(f"--resume {cfg.resume}: no such folder")
     if (out / "results.json").exists():
@@ -1895,8 +2019,15 @@ def read_resumed_run(cfg, method):
             raise UserError(f"--{f.name} {given} contradicts the resumed run's {saved}: a resumed "
                             f"run keeps its configuration (leave the flag out)")
         setattr(cfg, f.name, saved)
-    cfg.out_dir = str(out)
     return ckpt
+
+
+def out_dir_of(cfg, method):
+    """The run's folder: --resume's (or its checkpoint.pt's), else --out_dir, else runs/METHOD."""
+    if cfg.resume:
+        out = Path(cfg.resume).expanduser()
+        return out.parent if out.name == "checkpoint.pt" else out
+    return Path(cfg.out_dir or f"runs/{method}").expanduser()
 
 
 def load_checkpoint(path):
@@ -2452,6 +2583,10 @@ def run_eval(args):
     return results
 
 
+ANALYSIS_FILES = ("analysis.json", "align_uniform.svg", "singular_values.svg",
+                  "similarity_by_score.svg")  # what analyze writes in --out
+
+
 def run_analyze(args):
     """Each model on STS-B test and dev, each run's dev path -> analysis.json, 3 SVGs in --out."""
     names, runs, out = [args.model, *args.compare], list(args.runs), Path(args.out).expanduser()
@@ -2481,8 +2616,7 @@ def run_analyze(args):
         t, d = m["test"], m["dev"]
         print(f"{m['name'][:28]:<28} | {t['stsb_spearman']:9.2f} | {t['alignment']:10.4f} | "
               f"{t['uniformity']:12.4f} | {d['alignment']:9.4f} | {d['uniformity']:11.4f}")
-    print(f"analysis.json, align_uniform.svg, singular_values.svg, similarity_by_score.svg "
-          f"in {out}")
+    print(f"{', '.join(ANALYSIS_FILES)} in {out}")
     return models
 
 
@@ -2498,6 +2632,8 @@ def check_cli_inputs(args, names, modes, runs=()):
     flag, out = ("--out", args.out) if args.command == "analyze" else ("--json", args.json)
     if out:  # a folder (--out) or a file (--json) can be made there: checked, nothing created
         p, is_dir = Path(out).expanduser().absolute(), flag == "--out"
+        written = [p / n for n in ANALYSIS_FILES] if is_dir else [p]
+        check_writes_no_input(flag, written, [*names, *(r["path"] for r in runs)])
         folder = p if is_dir else p.parent  # where the output goes
         base = next(a for a in (folder, *folder.parents) if a.exists())  # its nearest existing part
         if p.exists() and p.is_dir() != is_dir or not (base.is_dir() and os.access(base, os.W_OK)):

@@ -18,9 +18,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (DevSet, Run, all_gather, epoch_batches, evaluate_dev, evaluate_sts, keep_best,
-                    main_guard, make_optimizer, optimizer_step, parse_args, save_pretrained, shard,
-                    total_steps, upcast)
+from common import (DevSet, LossWatch, Run, all_gather, epoch_batches, evaluate_dev, evaluate_sts,
+                    keep_best, main_guard, make_optimizer, optimizer_step, parse_args,
+                    save_pretrained, shard, total_steps, upcast)
 from common import UserError  # DiffCSE
 
 
@@ -66,7 +66,7 @@ def mask_tokens(ids, mask, ratio, mask_id, vocab_size, special_ids, gen):
     -> [MASK], 10% random, 10% kept [official: HF's MLM collator] -> (masked [N, L], chosen)."""
     def draw(p):
         return torch.rand(ids.shape, generator=gen, device=ids.device) < p
-    maskable = mask.bool() & ~torch.isin(ids, torch.tensor(special_ids, device=ids.device))
+    maskable = mask.bool() & ~torch.stack([ids == s for s in special_ids]).any(0)  # no host copy
     chosen = draw(ratio) & maskable
     to_mask = chosen & draw(0.8)
     to_random = chosen & ~to_mask & draw(0.5)  # half of the remaining 20%
@@ -158,8 +158,8 @@ def loss_fn(h, logits, labels, mask, temp, lambda_rtd):
 
 def train_step(model, head, ids, mask, cfg, disc, generator, tok, gen):
     """One encoder pass over both views stacked; each view's corrupted copy is judged given h."""
-    B = ids.size(0)
-    ids, mask = make_views(ids, mask)  # [2B, L]
+    B, device = ids.size(0), next(model.parameters()).device  # ids, mask [B, C, L] on the CPU
+    ids, mask = (t.to(device) for t in make_views(ids, mask))  # [2B, L]
     specials = (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id)  # [official collator]
     masked, _ = mask_tokens(ids, mask, cfg.mask_ratio, tok.mask_id, len(tok.vocab), specials, gen)
     ids, mask, masked = (shard(t, views=2) for t in (ids, mask, masked))  # [2b, L]: this process's
@@ -179,7 +179,7 @@ def train(cfg):
     run = Run(cfg, __file__, models=("model", "generator"))  # DiffCSE: the generator checked too
     tok, model = run.load_model()  # Tokenizer and Bert.from_pretrained(cfg.model), on the CPU
     data = run.load_data(tok, one_column=True)  # DiffCSE: unsupervised only
-    dev_set = DevSet(tok, run.senteval)  # STS-B dev: picks the best step [SimCSE App. B]
+    dev_set = DevSet(tok, run.senteval, model.cfg.max_tokens)  # picks the best step [SimCSE]
     model = model.to(run.device)
     head = BNProjector(model.cfg.hidden_size).to(run.device)  # DiffCSE: the BN projector
     disc = Discriminator(run.load_model()[1]).to(run.device)  # DiffCSE: its own pretrained copy
@@ -199,10 +199,12 @@ def train(cfg):
     model.train(), head.train()
     ddp_disc = run.ddp(disc).train()  # DiffCSE
     generator.train()  # DiffCSE subtle: frozen, yet its dropout stays on [official code]
-    batches = epoch_batches(data, tok, cfg, start, total, run.device)
+    batches, watch = epoch_batches(data, tok, cfg, start, total), LossWatch()
     for step in range(start, total + 1):  # step: optimizer steps done so far
-        stop = run.signal_received()  # Ctrl-C or SIGTERM, the same on every process
+        stop = run.signal_received(step)  # Ctrl-C or SIGTERM, the same on every process
         due = step == total or cfg.save_every and step % cfg.save_every == 0  # and the last step:
+        if stopped := watch.stopped(step, read=due or step % cfg.eval_every == 0):  # exit status 3
+            break  # a non-finite loss: stop, keeping the best model so far
         if step > start and (stop or due):  # the final evaluation and save can be resumed
             run.save_checkpoint(step, checkpointed, stats)
         if stop:
@@ -216,9 +218,7 @@ def train(cfg):
         with run.amp.autocast():  # bf16 or fp16 autocast, or none (fp32)
             loss, stats = train_step(ddp_model, ddp_head, *next(batches), cfg, ddp_disc, generator,
                                      tok, gen)
-        if not math.isfinite(loss.item()):  # stop, keeping the best model so far: exit status 3
-            stopped = f"the loss became {loss.item()} at step {step + 1}: stopping (lower --lr?)"
-            break
+        watch.note(loss, step + 1)  # on the device, read above: no host sync per step
         optimizer_step(loss, opt, sched, run.amp)
         run.log_progress(step + 1, stats)
     if run.rank > 0:  # torchrun: rank 0 alone tests and saves

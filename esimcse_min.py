@@ -21,9 +21,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (DevSet, Run, all_gather, epoch_batches, evaluate_dev, evaluate_sts, keep_best,
-                    main_guard, make_optimizer, optimizer_step, parse_args, save_pretrained, shard,
-                    total_steps, upcast)
+from common import (DevSet, LossWatch, Run, all_gather, epoch_batches, evaluate_dev, evaluate_sts,
+                    keep_best, main_guard, make_optimizer, optimizer_step, parse_args,
+                    save_pretrained, shard, total_steps, upcast)
 from common import check_positions, pad_ids  # ESimCSE
 
 
@@ -66,7 +66,7 @@ def repeat_subwords(ids, mask, dup_rate, rng, width=None):
         k = int(dup_rate * n)
         dup = rng.sample(range(1, n - 1), min(rng.randrange(min(10, k)), n - 2)) if k > 0 else []
         index.append(sorted([*range(n), *dup]))  # each chosen position twice: [0, 1, 1, 2, ...]
-    index, new_mask = (t.to(ids.device) for t in pad_ids(index, 0, width))  # [B, L'] each
+    index, new_mask = pad_ids(index, 0, width)  # [B, L'] each, on the CPU like ids: no GPU read
     return ids.gather(1, index) * new_mask, new_mask  # re-padded with 0, BERT's [PAD]
 
 
@@ -129,9 +129,9 @@ def loss_fn(h, queue, temp):
 
 def train_step(model, head, ids, mask, cfg, momentum, queue, rng):
     """One pass over both views stacked; the momentum vectors then join the queue [official]."""
-    B = ids.size(0)
-    views = [shard(v, views=2) for v in make_views(ids, mask, cfg.dup_rate, rng, cfg.compile)]
-    ids, mask = shard(ids), shard(mask)  # [b, C, L]: this process's rows (one process: all B)
+    B, device = ids.size(0), next(model.parameters()).device  # ids, mask [B, C, L] on the CPU
+    views = [shard(v, 2).to(device) for v in make_views(ids, mask, cfg.dup_rate, rng, cfg.compile)]
+    ids, mask = shard(ids).to(device), shard(mask).to(device)  # [b, C, L]: this process's rows
     cls = model(*views, cls_only=True)  # [V*b, H]
     h = all_gather(head(cls), views=len(cls) // len(ids)).view(-1, B, cls.size(-1))  # [V, B, H]
     queued = torch.stack([*queue]) if queue else h.new_zeros(0, h.size(-1))  # [M, H]
@@ -150,7 +150,7 @@ def train(cfg):
     tok, model = run.load_model()  # Tokenizer and Bert.from_pretrained(cfg.model), on the CPU
     check_positions(model, cfg.max_len, extra=9)  # ESimCSE: the repeated view's 9 more tokens
     data = run.load_data(tok, one_column=True)  # ESimCSE: unsupervised only
-    dev_set = DevSet(tok, run.senteval)  # STS-B dev: picks the best step [SimCSE App. B]
+    dev_set = DevSet(tok, run.senteval, model.cfg.max_tokens)  # picks the best step [SimCSE]
     model = model.to(run.device)
     head = MLPHead(model.cfg.hidden_size).to(run.device)
     momentum = momentum_encoder(model) if cfg.queue_size > 0 else None  # ESimCSE: needs a queue
@@ -166,10 +166,12 @@ def train(cfg):
     start, stats = run.start(checkpointed, total)  # 0, or the resumed step, as it was then
     ddp_model, ddp_head = run.ddp(model), run.ddp(head)  # torchrun: gradients averaged; else as is
     model.train(), head.train()
-    batches = epoch_batches(data, tok, cfg, start, total, run.device)
+    batches, watch = epoch_batches(data, tok, cfg, start, total), LossWatch()
     for step in range(start, total + 1):  # step: optimizer steps done so far
-        stop = run.signal_received()  # Ctrl-C or SIGTERM, the same on every process
+        stop = run.signal_received(step)  # Ctrl-C or SIGTERM, the same on every process
         due = step == total or cfg.save_every and step % cfg.save_every == 0  # and the last step:
+        if stopped := watch.stopped(step, read=due or step % cfg.eval_every == 0):  # exit status 3
+            break  # a non-finite loss: stop, keeping the best model so far
         if step > start and (stop or due):  # the final evaluation and save can be resumed
             run.save_checkpoint(step, checkpointed, stats)
         if stop:
@@ -184,9 +186,7 @@ def train(cfg):
             queue.clear()
         with run.amp.autocast():  # bf16 or fp16 autocast, or none (fp32)
             loss, stats = train_step(ddp_model, ddp_head, *next(batches), cfg, momentum, queue, rng)
-        if not math.isfinite(loss.item()):  # stop, keeping the best model so far: exit status 3
-            stopped = f"the loss became {loss.item()} at step {step + 1}: stopping (lower --lr?)"
-            break
+        watch.note(loss, step + 1)  # on the device, read above: no host sync per step
         optimizer_step(loss, opt, sched, run.amp)
         if momentum is not None:  # ESimCSE: θ_m <- μ·θ_m + (1 - μ)·θ, after the step
             momentum_update(momentum, model, cfg.momentum)

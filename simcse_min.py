@@ -19,9 +19,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (DevSet, Run, all_gather, epoch_batches, evaluate_dev, evaluate_sts, keep_best,
-                    main_guard, make_optimizer, optimizer_step, parse_args, save_pretrained, shard,
-                    total_steps, upcast)
+from common import (DevSet, LossWatch, Run, all_gather, epoch_batches, evaluate_dev, evaluate_sts,
+                    keep_best, main_guard, make_optimizer, optimizer_step, parse_args,
+                    save_pretrained, shard, total_steps, upcast)
 
 
 # ---- Config
@@ -100,8 +100,8 @@ def loss_fn(h, temp, hard_weight=0.0):
 
 def train_step(model, head, ids, mask, cfg):
     """One forward pass over all views stacked; dropout samples a fresh mask for every row."""
-    B = ids.size(0)
-    ids, mask = shard(ids), shard(mask)  # [b, C, L]: this process's rows (one process: all B)
+    B, device = ids.size(0), next(model.parameters()).device  # ids, mask [B, C, L] on the CPU
+    ids, mask = shard(ids).to(device), shard(mask).to(device)  # [b, C, L]: this process's rows
     cls = model(*make_views(ids, mask), cls_only=True)  # [V*b, H]
     h = all_gather(head(cls), views=len(cls) // len(ids)).view(-1, B, cls.size(-1))  # [V, B, H]
     with torch.autocast(h.device.type, enabled=False):  # the loss math in fp32 at least [DESIGN]
@@ -115,7 +115,7 @@ def train(cfg):
     run = Run(cfg, __file__)  # operations (common.py Part 2): checks, log, checkpoints, signals
     tok, model = run.load_model()  # Tokenizer and Bert.from_pretrained(cfg.model), on the CPU
     data = run.load_data(tok)  # the corpus tokenized before the model is on the device (cached)
-    dev_set = DevSet(tok, run.senteval)  # STS-B dev: picks the best step [SimCSE App. B]
+    dev_set = DevSet(tok, run.senteval, model.cfg.max_tokens)  # picks the best step [SimCSE]
     model = model.to(run.device)
     head = MLPHead(model.cfg.hidden_size).to(run.device)
     total = total_steps(len(data), cfg)
@@ -128,10 +128,12 @@ def train(cfg):
     start, stats = run.start(checkpointed, total)  # 0, or the resumed step, as it was then
     ddp_model, ddp_head = run.ddp(model), run.ddp(head)  # torchrun: gradients averaged; else as is
     model.train(), head.train()
-    batches = epoch_batches(data, tok, cfg, start, total, run.device)
+    batches, watch = epoch_batches(data, tok, cfg, start, total), LossWatch()
     for step in range(start, total + 1):  # step: optimizer steps done so far
-        stop = run.signal_received()  # Ctrl-C or SIGTERM, the same on every process
+        stop = run.signal_received(step)  # Ctrl-C or SIGTERM, the same on every process
         due = step == total or cfg.save_every and step % cfg.save_every == 0  # and the last step:
+        if stopped := watch.stopped(step, read=due or step % cfg.eval_every == 0):  # exit status 3
+            break  # a non-finite loss: stop, keeping the best model so far
         if step > start and (stop or due):  # the final evaluation and save can be resumed
             run.save_checkpoint(step, checkpointed, stats)
         if stop:
@@ -144,9 +146,7 @@ def train(cfg):
             break
         with run.amp.autocast():  # bf16 or fp16 autocast, or none (fp32)
             loss, stats = train_step(ddp_model, ddp_head, *next(batches), cfg)
-        if not math.isfinite(loss.item()):  # stop, keeping the best model so far: exit status 3
-            stopped = f"the loss became {loss.item()} at step {step + 1}: stopping (lower --lr?)"
-            break
+        watch.note(loss, step + 1)  # on the device, read above: no host sync per step
         optimizer_step(loss, opt, sched, run.amp)
         run.log_progress(step + 1, stats)
     if run.rank > 0:  # torchrun: rank 0 alone tests and saves

@@ -116,7 +116,7 @@ def test_dev_set_align_uniform_matches_analyze_model_on_dev(tmp_path):
             if "norm" not in name.lower():  # LayerNorms stay 1 and 0
                 # large random weights: [CLS] vectors that differ from sentence to sentence
                 p.normal_(0, 0.5)
-    dev = common.evaluate_dev(model, common.DevSet(tok, root))
+    dev = common.evaluate_dev(model, common.DevSet(tok, root, model.cfg.max_tokens))
     expected = common.analyze_model(model, tok, root, "cls", "dev")
     assert expected["positive_pairs"] > 0 and expected["uniformity"] < -0.1
     want = (expected["alignment"], expected["uniformity"])

@@ -56,7 +56,7 @@ def setup(method):
 def step(method, compiled, seed=0):
     module, model, head, cfg, extra = setup(method)
     if compiled:
-        model.compile()  # as Run.compile on the CPU
+        model.compile(dynamic=False)  # as Run.compile on the CPU
     torch.manual_seed(1)
     loss, _ = module.train_step(model, head, *batch(seed), cfg, *extra)
     loss.backward()

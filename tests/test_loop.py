@@ -58,8 +58,7 @@ def batch_orders(seed, n_rows=20, batch_size=4, total=10):
     assert common.total_steps(n_rows, cfg) == total
     data = [[[i + 10]] for i in range(n_rows)]
     tok = common.Tokenizer({"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4})
-    batches = [ids[:, 0, 0].tolist() for ids, _ in common.epoch_batches(data, tok, cfg, 0, total,
-                                                                         CPU)]
+    batches = [ids[:, 0, 0].tolist() for ids, _ in common.epoch_batches(data, tok, cfg, 0, total)]
     assert all(len(b) == batch_size for b in batches)  # full batches only
     rows = [r - 10 for b in batches for r in b]
     epoch = n_rows // batch_size * batch_size

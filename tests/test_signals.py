@@ -138,20 +138,22 @@ def test_a_second_signal_waits_for_the_checkpoint_being_written(world, tmp_path,
 
 
 def test_a_second_run_on_a_live_out_dir_is_refused(world, tmp_path):
-    """The first run holds out_dir (a lock on its log.txt that dies with its process): the second is
-    refused."""
+    """The first run holds out_dir (a lock on the folder that dies with its process): the second is
+    refused; renaming the log does not let it in."""
     import fcntl
     out = tmp_path / "out"
     out.mkdir()
-    with open(out / "log.txt", "a") as held:  # what a live run holds
-        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        args = [f"--{k}={v}" for k, v in flags("simcse", world, out).items()]
-        proc = subprocess.run([sys.executable, "simcse_min.py", *args],
-                              cwd=common.Path(common.__file__).parent,
-                              capture_output=True, text=True)
-        assert proc.returncode == 2, proc.stderr
-        assert proc.stderr.strip().endswith("pick another --out_dir"), proc.stderr
-    assert not (out / "checkpoint.pt").exists() and not (out / "results.json").exists()
+    (out / "log.txt").write_text("a live run's log\n")
+    held = common.os.open(out, common.os.O_RDONLY)  # what a live run holds
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    (out / "log.txt").rename(out / "moved.txt")
+    args = [f"--{k}={v}" for k, v in flags("simcse", world, out).items()]
+    proc = subprocess.run([sys.executable, "simcse_min.py", *args],
+                          cwd=common.Path(common.__file__).parent, capture_output=True, text=True)
+    common.os.close(held)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().endswith("pick another --out_dir"), proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["moved.txt"]
     # released: it runs
     importlib.import_module("simcse_min").train(config("simcse", world, out, max_steps=2))
 

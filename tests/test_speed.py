@@ -87,7 +87,7 @@ def test_compile_pads_every_batch_to_max_len_for_one_shape(compile_flag):
     tok = type("Ids", (), {"pad": lambda self, x, width=None: common.pad_ids(x, 0, width)})()
     data = [([2, 5, 3], [2, 6, 7, 3]), ([2, 3], [2, 9, 3])]  # 2 rows x 2 columns
     cfg = simcse_min.Config(batch_size=2, max_len=8, compile=compile_flag)
-    ids, mask = next(common.epoch_batches(data, tok, cfg, 0, 1, torch.device("cpu")))
+    ids, mask = next(common.epoch_batches(data, tok, cfg, 0, 1))
     assert ids.shape == mask.shape == (2, 2, 8 if compile_flag else 4)
     assert sorted(ids[:, 1, :4].tolist()) == [[2, 6, 7, 3], [2, 9, 3, 0]]
     assert sorted(mask[:, 0].sum(-1).tolist()) == [2, 3]

@@ -155,7 +155,7 @@ def test_devset_equals_evaluate_sts_dev(minilm, senteval_dir, tmp_path):
     tok, model = minilm
     root = slice_senteval(tmp_path, senteval_dir, 10, sizes={"STS/STSBenchmark/sts-dev.csv": 200},
                           mode_files=common.sts_files("dev"))
-    dev = common.evaluate_dev(model, common.DevSet(tok, root))["stsb_dev"]
+    dev = common.evaluate_dev(model, common.DevSet(tok, root, model.cfg.max_tokens))["stsb_dev"]
     res = common.evaluate_sts(model, tok, root, mode="dev", pooler="cls")
     assert dev == pytest.approx(res["STSBenchmark"], abs=1e-6)
     assert res["details"]["STSBenchmark"]["dev"]["n"] == 200

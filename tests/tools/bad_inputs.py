@@ -11,6 +11,7 @@ out_dir behind (every refusal before training does), and optionally {"env": vari
 holds}."""
 import contextlib
 import fcntl
+import gc
 import json
 import os
 import resource
@@ -488,18 +489,20 @@ def cases(tmp):
             2,
             False,
         ),
-        ("--resume of a finished run", "simcse", base + data + ["--resume", str(done)], 0, True),
+        ("--resume of a finished run", "simcse", base[:-2] + data + ["--resume", str(done)], 0,
+         True),
+        ("--resume A --out_dir B", "simcse", base + data + ["--resume", str(done)], 2, True),
         (
             "--resume of a missing folder",
             "simcse",
-            base + data + ["--resume", str(tmp / "nowhere")],
+            base[:-2] + data + ["--resume", str(tmp / "nowhere")],
             2,
             True,
         ),
         (
             "--resume of a folder without a checkpoint",
             "simcse",
-            base + data + ["--resume", str(tmp / "adir")],
+            base[:-2] + data + ["--resume", str(tmp / "adir")],
             2,
             True,
         ),
@@ -521,7 +524,7 @@ def cases(tmp):
         (
             "--resume and --overwrite together",
             "simcse",
-            base + data + ["--resume", str(done), "--overwrite", "1"],
+            base[:-2] + data + ["--resume", str(done), "--overwrite", "1"],
             2,
             True,
         ),
@@ -633,7 +636,43 @@ def cases(tmp):
             True,
         ),
     ]
-    return c, dict(world=world, done=done, tmp=tmp)
+    return c + nothing_lost_cases(tmp, world, base, data, done), dict(world=world, done=done,
+                                                                       tmp=tmp)
+
+
+def nothing_lost_cases(tmp, world, base, data, done):
+    """Issue 27's classes: outputs that are inputs, special files, files that do not add up."""
+    model, senteval = Path(world["model"]), world["senteval"]
+    as_out = copy_model(model, tmp / "m_as_out")
+    fifo = copy_model(model, tmp / "m_fifo", lambda d: ((d / "vocab.txt").unlink(),
+                                                          os.mkfifo(d / "vocab.txt")))
+    tensors = common.read_safetensors(model / "model.safetensors")
+    twice = copy_model(model, tmp / "m_twice", lambda d: common.write_safetensors(
+        d / "model.safetensors", {**tensors, **{"bert." + k: v for k, v in tensors.items()}}))
+    (tmp / "pairs.tsv").write_text("a man runs .\ta person runs .\n" * 16)
+    (tmp / "pool_out").mkdir()
+    (tmp / "pool_out" / "1_Pooling").write_text("a file where the saved model needs a folder")
+    short_gold = make_senteval(tmp / "senteval_short_gold")
+    gold = short_gold / "STS/STS12-en-test/STS.gs.MSRpar.txt"
+    gold.write_text("".join(gold.read_text().splitlines(True)[:-1]))
+    evaluate = ["eval", "--model", as_out, "--senteval", senteval, "--device", "cpu"]
+    return [
+        ("--out_dir is the --model folder (--overwrite)", "simcse",
+         base[:-1] + [as_out] + data + ["--model", as_out, "--overwrite", "1"], 2, True),
+        ("--data is a file the run writes (out_dir/log.txt)", "simcse",
+         base[:-1] + [str(done), "--overwrite", "1", "--data", str(done / "log.txt")], 2, True),
+        ("eval --json into the model's config.json", "common",
+         evaluate + ["--json", str(Path(as_out) / "config.json")], 2, True),
+        ("data: a .tsv of sentence pairs", "simcse", base + ["--data", str(tmp / "pairs.tsv")], 2,
+         True),
+        ("--out_dir whose 1_Pooling is a file", "simcse",
+         base[:-1] + [str(tmp / "pool_out")] + data, 2, True),
+        ("SentEval: a gold file shorter than its input", "simcse",
+         base + data + ["--senteval", str(short_gold)], 2, True),
+        ("model: vocab.txt is a FIFO", "simcse", base + data + ["--model", fifo], 2, True),
+        ("model: a tensor stored as both X and bert.X", "simcse",
+         base + data + ["--model", twice], 2, True),
+    ]
 
 
 def training_checkpoint(folder):
@@ -732,9 +771,13 @@ def lock_held(names, options=None):
     if "lock" not in (options or {}):
         yield
         return
-    with open(Path(names[options["lock"]]) / "log.txt", "a") as log:
-        fcntl.flock(log, fcntl.LOCK_EX)
+    gc.collect()  # in-process, a run refused after taking its lock lets go when collected
+    fd = os.open(names[options["lock"]], os.O_RDONLY)  # a live run locks the folder itself
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held elsewhere: an error, not a hang
         yield
+    finally:
+        os.close(fd)
 
 
 def run_cli(script, args, options=None):
@@ -773,6 +816,7 @@ def main():
             flag = "" if got == code and "Traceback" not in stderr else " **(unexpected)**"
             failures += bool(flag)
             print(f"| {label} | {got}{flag} | `{shown}` |", flush=True)
+        print(f"\n{len(table)} rows, {failures} unexpected")
         return failures
 
 

@@ -163,7 +163,7 @@ def our_steps(base, ids, mask, args, device, tok):
                                            1e-5, big, device)
         if args.compile:
             # as Run.compile
-            model.compile(mode="reduce-overhead" if device.type == "cuda" else None)
+            model.compile(mode="reduce-overhead" if device.type == "cuda" else None, dynamic=False)
 
         amp = common.MixedPrecision(args.precision, device)  # a fresh loss scaler per method (fp16)
 
@@ -198,7 +198,7 @@ def our_steps(base, ids, mask, args, device, tok):
 class IdsOnly:
     """What the benchmark reads of a tokenizer (BERT-uncased's special ids), for runs without a
     vocabulary file."""
-    pad_id, cls_id, sep_id, mask_id = 0, 101, 102, 103
+    pad_id, unk_id, cls_id, sep_id, mask_id = 0, 100, 101, 102, 103
 
     def __init__(self, vocab_size):
         self.vocab = range(vocab_size)
@@ -358,7 +358,8 @@ def main(argv=None):
         senteval = common.resolve_senteval(args.senteval)
     tok, base = load_encoder(args, device)
     V = base.cfg.vocab_size
-    ids, mask = (t.to(device) for t in training_batch(tok, args, V))
+    batch = training_batch(tok, args, V)  # on the CPU, as epoch_batches gives it to train_step
+    ids, mask = (t.to(device) for t in batch)  # for Hugging Face's steps
     hf, hf_version = ({}, None) if "hf" in skip else hf_models(base, device)
     name = (
         torch.cuda.get_device_name()
@@ -376,7 +377,7 @@ def main(argv=None):
 
     step_s = {}
     if "steps" not in skip:
-        contenders, generator = our_steps(base, ids, mask, args, device, tok)
+        contenders, generator = our_steps(base, *batch, args, device, tok)
         contenders = {f"ours {m}": contenders[m] for m in methods}
         for impl, model in hf.items():
             contenders[f"HF {impl} {args.precision}"] = hf_step(

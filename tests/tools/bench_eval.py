@@ -87,7 +87,8 @@ def main(argv=None):
     devset_line, devset_ok = "", True
     if "cls" in dev:
         t0 = time.time()
-        quick = common.evaluate_dev(model, common.DevSet(tok, root))["stsb_dev"]
+        dev_set = common.DevSet(tok, root, model.cfg.max_tokens)
+        quick = common.evaluate_dev(model, dev_set)["stsb_dev"]
         diff = quick - dev["cls"]["STSBenchmark"]
         devset_ok = abs(diff) <= 1e-6
         devset_line = (f"evaluate_dev (cls) = {quick:.4f} in {time.time() - t0:.1f}s; "

@@ -315,13 +315,13 @@ def main(argv=None):
     parts = take_turns({"load": load, "miss": lambda: tokenize_file(False),
                         "hit": lambda: tokenize_file(True),
                         "devset": lambda: common.DevSet(warm_copy(common.Tokenizer, warm),
-                                                        senteval)}, R, 1)
+                                                        senteval, 512)}, R, 1)
     rest = parts["load"] + parts["devset"]
     setup, setup_1m = rest + parts["miss"], rest + scale * parts["miss"]
     print(f"set-up {fmt_s(setup)} = load {fmt_s(parts['load'])} + tokenize_file "
           f"{fmt_s(parts['miss'])} (hit: {fmt_s(parts['hit'])}) + DevSet "
           f"{fmt_s(parts['devset'])}; 1M lines: {fmt_s(setup_1m)}", flush=True)
-    dev = common.DevSet(warm_copy(common.Tokenizer, warm), senteval)
+    dev = common.DevSet(warm_copy(common.Tokenizer, warm), senteval, 512)
 
     # -- 2, 3, 7, 8: the tokenizer, on the training lines (cold cache) and the dev sentences (warm)
     a, b, _ = common.load_sts(senteval, "dev")["STSBenchmark"]["dev"]
@@ -362,7 +362,7 @@ def main(argv=None):
 
     # -- 1 (step), 6 (step): the SimCSE training step and its batches
     def batches(k):
-        return [tuple(b) for b in common.epoch_batches(data, tok, cfg, 0, k, torch.device("cpu"))]
+        return [tuple(b) for b in common.epoch_batches(data, tok, cfg, 0, k)]
     ids, mask = batches(1)[0]  # [64, 1, L]
     off = off_model(base, dev.ids)
     step = take_turns(step_contenders(base, ids, mask), 2 * R, 1)
