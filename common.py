@@ -797,11 +797,14 @@ def write_safetensors(path, tensors, metadata=None):
 
 # --- Hugging Face model folders: files, config, weights, names ----------------------------------
 
+MODEL_FILES = ("config.json", "vocab.txt", "vocab.json", "merges.txt", "tokenizer_config.json",
+               "model.safetensors", "pytorch_model.bin")  # what loading a model folder reads
+
+
 def special_file(folder):
     """'' or 'NAME is not a regular file ...': a model file that is a FIFO, a device (a link to
     /dev/zero) or a folder, whose read would never end or fail with a traceback."""
-    for name in ("config.json", "vocab.txt", "vocab.json", "merges.txt", "tokenizer_config.json",
-                 "model.safetensors", "pytorch_model.bin"):
+    for name in MODEL_FILES:
         if os.path.lexists(folder / name) and path_problem(folder / name):
             return f"{name} {path_problem(folder / name)}"
     return ""
@@ -922,6 +925,8 @@ def read_config(folder):
         bad = ["hidden_size", "num_attention_heads"]
     if not bad and not (type(cfg.pad_token_id) is int and 0 <= cfg.pad_token_id < cfg.vocab_size):
         bad = ["pad_token_id"]
+    if not bad and cfg.max_tokens < 3:  # RoBERTa's positions start after pad_token_id
+        bad = ["max_position_embeddings", "pad_token_id"]
     if bad:
         raise CheckpointError(f"{folder}: config.json has unusable values: "
                               + ", ".join(f"{k}={values[k]!r}" for k in bad[:4]))
@@ -1526,26 +1531,26 @@ def check_out_dir(out, overwrite):
 
 
 def check_writes_no_input(flag, outputs, inputs):
-    """A path the command writes (outputs) that it also reads (inputs: files, or folders, each of
-    whose files counts), links resolved: one line naming the flag, before anything is written."""
+    """A path the command writes (outputs) that it also reads (inputs: files, or folders: then the
+    folder and its MODEL_FILES), links resolved: one line naming the flag, before any write."""
     def real(p):  # a symlink loop stays as it is (Path.resolve raises on one)
         return Path(os.path.realpath(Path(p).expanduser()))
     read = set()
     for p in (real(p) for p in inputs if p):
-        read |= {p, *(real(q) for q in (p.iterdir() if p.is_dir() else ()))}
+        read |= {p, *(real(p / n) for n in (MODEL_FILES if p.is_dir() else ()))}
     for p in outputs:
         if real(p) in read:
             raise UserError(f"{flag}: {p} is one of this command's inputs (a model, the data or "
                             f"SentEval); writing there would destroy it: pick another {flag}")
 
 
-def check_positions(model, max_len, extra=0):
-    """--max_len, + `extra` tokens a method adds (ESimCSE's repeats), against the model's positions
-    (vocab.txt vs the embedding rows: in read_weights)."""
+def check_positions(model, max_len, extra=0, flag="--model"):
+    """--max_len, + `extra` tokens a method adds (ESimCSE's repeats), against the positions of the
+    flag's model (vocab.txt vs the embedding rows: in read_weights)."""
     if max_len + extra > model.cfg.max_tokens:
         more = f" + {extra} (the most tokens a view adds)" if extra else ""
-        raise UserError(f"--max_len {max_len}{more} exceeds the model's {model.cfg.max_tokens} "
-                        f"positions: lower --max_len")
+        raise UserError(f"--max_len {max_len}{more} exceeds the {model.cfg.max_tokens} positions "
+                        f"of the {flag[2:]} ({flag}): lower --max_len")
 
 
 def read_text(path):
@@ -1682,16 +1687,20 @@ class TokenizedRows:
         return tuple(self.flat[o[i * c + j]:o[i * c + j + 1]].tolist() for j in range(c))
 
 
+def tokenizer_sha256(tok):
+    """What the token ids depend on: tokens and their ids, merges, lower-casing, accents."""
+    return hashlib.sha256("\n".join([*map(repr, tok.vocab.items()),  # the ids too [issue 27]
+                                     *map(" ".join, getattr(tok, "merges", []))])
+                          .encode() + bytes([tok.lower, tok.strip_accents])).hexdigest()
+
+
 def tokenize_file(tok, path, max_len):
     """A training file tokenized once, cached on disk by its content, the vocabulary and max_len (a
     repeat run's set-up: 2.2x as fast [docs/speed.md]) -> (TokenizedRows, seconds, cache hit?)."""
     start, path = time.time(), Path(path)
     check_data(path)  # before hashing it (a FIFO would hang); read_text checks it too
-    vocab = hashlib.sha256("\n".join([*map(repr, tok.vocab.items()),  # the ids too [issue 27]
-                                      *map(" ".join, getattr(tok, "merges", []))])
-                           .encode() + bytes([tok.lower, tok.strip_accents]))
     digest = sha256_file(path)
-    key = f"{digest} {path.suffix} {vocab.hexdigest()} {max_len}"
+    key = f"{digest} {path.suffix} {tokenizer_sha256(tok)} {max_len}"
     cached = CACHE / "tokens" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz"
     try:
         if cached.exists():
@@ -1779,7 +1788,7 @@ class Run:
             folder = resolve_model(getattr(self.cfg, flag[2:]), flag)
         dropout = self.cfg.dropout if flag == "--model" else None
         model = Bert.from_pretrained(folder, mlm_head, dropout, quiet=self.rank > 0)
-        check_positions(model, self.cfg.max_len)  # --max_len against the model
+        check_positions(model, self.cfg.max_len, flag=flag)  # --max_len against the model
         return Tokenizer.from_pretrained(folder), model
 
     def load_data(self, tok, one_column=False):
@@ -1787,6 +1796,7 @@ class Run:
         with rank0_first("the training data, tokenized"):  # rank 0 writes the token cache
             data, seconds, hit = tokenize_file(tok, resolve_data(self.cfg.data), self.cfg.max_len)
         self.data_sha256, self.n_rows = data.sha256, len(data)  # a --resume must find the same
+        self.tokenizer_sha256 = tokenizer_sha256(tok)  # and the same tokenizer
         if one_column and data.cols != 1:
             raise UserError(f"{self.cfg.data} has {data.cols} columns: {self.method} is "
                             f"unsupervised, one sentence a line (supervised: simcse_min.py)")
@@ -1899,6 +1909,7 @@ class Run:
         try:
             state = {"format": 5, "method": self.method, "step": step, "total": self.total,
                      "rows": self.n_rows, "data_sha256": self.data_sha256, "rng": rng_states(),
+                     "tokenizer_sha256": self.tokenizer_sha256,
                      "device": self.device.type, "config": dataclasses.asdict(self.cfg),
                      "stats": {k: float(v) for k, v in stats.items()},
                      "objects": {k: state_of(v) for k, v in checkpointed.items() if v is not None},
@@ -2113,6 +2124,10 @@ def restore_checkpoint(run, checkpointed):
     if ckpt.get("data_sha256") != run.data_sha256:
         raise UserError(f"--resume {run.out}: the data file {run.cfg.data} changed since the run "
                         f"started (its SHA-256 differs); resume with the data it was started on")
+    if ckpt.get("tokenizer_sha256", run.tokenizer_sha256) != run.tokenizer_sha256:
+        raise UserError(f"--resume {run.out}: the tokenizer of {run.cfg.model} changed since the "
+                        f"run started (its vocabulary, ids or merges); resume with the model "
+                        f"folder it was started on")
     if (ckpt.get("rows"), ckpt.get("total")) != (run.n_rows, run.total):
         raise UserError(f"--resume {run.out}: the data has {run.n_rows} rows / {run.total} steps "
                         f"now but {ckpt.get('rows')} / {ckpt.get('total')} in the checkpoint")
@@ -2200,13 +2215,23 @@ def init_distributed(device):
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=WAIT_LIMIT)
+    try:  # torchrun starts every rank at once: one missing after minutes means stale variables
+        store, rank, size = next(dist.rendezvous("env://", timeout=JOIN_LIMIT))
+    except (RuntimeError, OSError) as e:  # DistStoreError (a RuntimeError): timed out
+        found = " ".join(f"{n}={os.environ[n]}" for n in names)
+        raise UserError(f"the torchrun variables ({found}) name {os.environ['WORLD_SIZE']} "
+                        f"processes, but not all joined within {JOIN_LIMIT} ({type(e).__name__}): "
+                        f"left from another shell? unset WORLD_SIZE, or use torchrun") from None
+    store.set_timeout(WAIT_LIMIT)  # joined: from now on the others may wait on rank 0 for hours
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
+                            world_size=size, timeout=WAIT_LIMIT)
     return device
 
 
 # the others wait on rank 0: downloads (bert-base 440 MB, wiki1m), tokenizing 1M lines, every dev
 # evaluation and checkpoint; NCCL's default of 10 minutes stops a first run [issue 30]
 WAIT_LIMIT = datetime.timedelta(hours=2)
+JOIN_LIMIT = datetime.timedelta(minutes=5)  # all ranks' start: longer names the variables
 
 
 def leave_distributed():
@@ -2248,7 +2273,7 @@ GROUP_STATS = ("mean", "std", "min", "q05", "q25", "median", "q75", "q95", "max"
 def singular_values(x):  # x [N, H] -> [min(N, H)], descending, the largest = 1 [SimCSE App. F]
     """Of the L2-normalised rows, not mean-centred: the spectrum should show a shared direction."""
     s = torch.linalg.svdvals(F.normalize(x.double(), dim=-1))  # [min(N, H)]
-    return (s / s[0]).numpy()
+    return (s / s[0]).nan_to_num(0.0).numpy()  # a collapsed model's zero vectors: all 0
 
 
 def similarity_by_score(sims, gold):
@@ -2266,10 +2291,15 @@ def similarity_by_score(sims, gold):
 def analyze_model(model, tok, root, pooler="cls", split="test", batch_size=128):
     """Alignment, uniformity, singular values and similarity by score on one STS-B split."""
     a, b, gold = load_sts_split(root, "STSBenchmark", split)
+    if not ((gold >= 0) & (gold <= 5)).all():  # else no group of similarity_by_score holds any
+        raise UserError(f"STS-B {split}: gold scores outside 0-5: not SentEval's STS-B file")
     unique = sorted(set(a + b))  # uniformity counts a repeated sentence once
     index = {s: i for i, s in enumerate(unique)}
     vectors = encode_sentences(model, tok, unique, pooler, batch_size,  # [M, H], as `eval` has them
                                progress=Progress(f"STS-B {split}"))
+    if not torch.isfinite(vectors).all():  # the singular values could not be computed
+        raise UserError(f"STS-B {split}: the model gives non-finite vectors (NaN or inf): a "
+                        f"diverged run?")
     va, vb = vectors[[index[s] for s in a]], vectors[[index[s] for s in b]]  # [N, H] each
     positive, sims = torch.as_tensor(gold > POSITIVE_GOLD), cosine(va, vb)  # [N] bool, sims [N]
     align, uniform = alignment(va[positive], vb[positive]), uniformity(vectors)
@@ -2656,6 +2686,11 @@ def load_run(path):
     if not (isinstance(r, dict) and r.get("align_uniform")):
         raise UserError(f"--runs {path}: no align_uniform history (written by training runs "
                         f"since issue 10)")
+    if not (isinstance(r["align_uniform"], list) and all(  # [step, alignment, uniformity] rows
+            isinstance(x, list) and len(x) == 3 and type(x[0]) is int and all(
+                v is None or type(v) in (int, float) for v in x[1:]) for x in r["align_uniform"])):
+        raise UserError(f"--runs {path}: its align_uniform is not a list of [step, alignment, "
+                        f"uniformity]: a hand-edited or foreign results.json")
     method, folder = r.get("method", "run"), p.parent.name
     return {"path": str(p), "name": method if folder == method else f"{method} ({folder})",
             "align_uniform": r["align_uniform"],

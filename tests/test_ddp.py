@@ -8,6 +8,10 @@ train_step, optimizer_step, the momentum update); both processes are spawned onc
 methods."""
 import importlib
 import json
+import socket
+import subprocess
+import sys
+import types
 
 import pytest
 import torch
@@ -92,17 +96,37 @@ def test_train_two_processes_end_to_end(tiny_run, two_processes):
     assert not (tmp / "two" / "checkpoint.pt").exists()
 
 
+def test_stale_torchrun_variables_are_one_line_naming_them_not_a_long_wait():
+    """WORLD_SIZE=2 RANK=0 ... left in a shell, no second process: rank 0 used to wait for it (30
+    minutes, then the group's 2 hours) without a word [issue 27]."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(common.os.environ, WORLD_SIZE="2", RANK="0", LOCAL_RANK="0",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    code = ("import datetime, torch, common; common.JOIN_LIMIT = datetime.timedelta(seconds=2); "
+            "common.main_guard(common.init_distributed, torch.device('cpu'))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=common.Path(common.__file__).parent,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert f"WORLD_SIZE=2 RANK=0 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT={port}" in \
+        proc.stderr and "unset WORLD_SIZE" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_the_process_group_waits_long_enough_and_the_others_say_for_what(monkeypatch, capsys):
     """Rank 0 downloads, tokenizes and evaluates while the others wait: the group's timeout is
     hours, not NCCL's default 10 minutes, and a waiting rank says what it waits for [issue 30]."""
     calls = []
     monkeypatch.setattr(common.dist, "init_process_group", lambda *a, **kw: calls.append(kw))
     monkeypatch.setattr(common.dist, "is_initialized", lambda: False)
+    store = types.SimpleNamespace(set_timeout=lambda t: calls.append({"store": t}))
+    monkeypatch.setattr(common.dist, "rendezvous", lambda url, timeout: iter([(store, 1, 2)]))
     for k, v in dict(WORLD_SIZE="2", RANK="1", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1",
                      MASTER_PORT="29500").items():
         monkeypatch.setenv(k, v)
     common.init_distributed(torch.device("cpu"))
-    assert calls[0]["timeout"] >= common.datetime.timedelta(hours=1)
+    assert calls[0]["store"] >= common.datetime.timedelta(hours=1)  # after every rank joined
+    assert calls[1]["timeout"] >= common.datetime.timedelta(hours=1)
     monkeypatch.setattr(common, "world", lambda: (1, 2))
     monkeypatch.setattr(common.dist, "barrier", lambda: None)
     with common.rank0_first("the model of --model"):

@@ -112,3 +112,20 @@ def test_uniformity_from_the_gram_matrix_equals_pdists_pairs(monkeypatch):
     reference = torch.pdist(unit).pow(2).mul(-2).exp().mean().log().item()  # pairs i < j
     monkeypatch.setattr(torch, "pdist", lambda *a: pytest.fail("pdist: 1.9x slower"))
     assert common.uniformity(x) == pytest.approx(reference, rel=1e-12)
+
+
+def test_the_docs_say_what_runs_on_a_gpu(monkeypatch):
+    """TF32 matmuls on CUDA (set by resolve_device) and the masked attention's kernel, in the
+    README and docs/speed.md [issue 30, item 8]."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert common.resolve_device("cuda").type == "cuda"
+        assert torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+    root = common.Path(common.__file__).parent
+    speed, readme = (root / "docs/speed.md").read_text(), (root / "README.md").read_text()
+    assert "TF32" in readme and "TF32 matmuls" in speed
+    assert "memory-efficient\n  kernel" in speed or "memory-efficient kernel" in speed

@@ -69,6 +69,10 @@ def test_an_output_that_is_an_input_is_refused(what, world, tmp_path):
             importlib.import_module("simcse_min").train(config(
                 world, tmp_path / "out", data=str(tmp_path / "out" / "log.txt"), overwrite=True))
     assert {**files(model), **files(tmp_path / "out")} == before
+    if what == "json is config":  # a file of its own in the model folder: written, again
+        for _ in range(2):
+            common.cli(["eval", "--model", str(model), "--senteval", world["senteval"],
+                        "--device", "cpu", "--json", str(model / "eval.json")])
 
 
 def test_a_log_that_is_a_link_is_replaced_never_followed(world, tmp_path):

@@ -53,7 +53,7 @@ def test_max_len_counts_the_position_offset(roberta_folders):
     model = common.Bert.from_pretrained(roberta_folders[0], quiet=True)
     assert model.cfg.max_tokens == CONFIG_BASE["max_position_embeddings"] - 2
     common.check_positions(model, 38)
-    with pytest.raises(common.UserError, match="exceeds the model's 38 positions"):
+    with pytest.raises(common.UserError, match="exceeds the 38 positions of the model"):
         common.check_positions(model, 39)
 
 

@@ -104,7 +104,7 @@ def test_esimcse_checks_its_repeated_view_against_the_positions(world, tmp_path,
     cfg = config(esimcse_min, {**world, "model": str(tmp_path / "m36"),
                                "data": str(tmp_path / "long.txt")}, tmp_path / "o", max_len=max_len)
     if refused:
-        with pytest.raises(common.UserError, match="--max_len 32 \\+ 9 .* exceeds the model's 36"):
+        with pytest.raises(common.UserError, match="--max_len 32 \\+ 9 .* exceeds the 36 "):
             esimcse_min.train(cfg)
         assert not (tmp_path / "o").exists()
     else:

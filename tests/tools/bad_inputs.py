@@ -492,6 +492,8 @@ def cases(tmp):
         ("--resume of a finished run", "simcse", base[:-2] + data + ["--resume", str(done)], 0,
          True),
         ("--resume A --out_dir B", "simcse", base + data + ["--resume", str(done)], 2, True),
+        ("--resume after the model's vocabulary changed (two ids swapped)", "simcse",
+         ["--resume", "EDITED_MODEL"], 2, False),
         (
             "--resume of a missing folder",
             "simcse",
@@ -656,6 +658,10 @@ def nothing_lost_cases(tmp, world, base, data, done):
     gold = short_gold / "STS/STS12-en-test/STS.gs.MSRpar.txt"
     gold.write_text("".join(gold.read_text().splitlines(True)[:-1]))
     evaluate = ["eval", "--model", as_out, "--senteval", senteval, "--device", "cpu"]
+    tok = common.Tokenizer.from_pretrained(model)
+    short_generator = tmp / "g_short"  # 16 positions: --max_len 32 does not fit
+    short = common.BertConfig.tiny(vocab_size=len(tok.vocab), max_position_embeddings=16)
+    common.save_pretrained(common.Bert(short, mlm_head=True), short_generator, tok)
     return [
         ("--out_dir is the --model folder (--overwrite)", "simcse",
          base[:-1] + [as_out] + data + ["--model", as_out, "--overwrite", "1"], 2, True),
@@ -670,6 +676,8 @@ def nothing_lost_cases(tmp, world, base, data, done):
         ("SentEval: a gold file shorter than its input", "simcse",
          base + data + ["--senteval", str(short_gold)], 2, True),
         ("model: vocab.txt is a FIFO", "simcse", base + data + ["--model", fifo], 2, True),
+        ("diffcse: --generator with fewer positions than --max_len", "diffcse",
+         base + data + ["--generator", str(short_generator)], 2, True),
         ("model: a tensor stored as both X and bert.X", "simcse",
          base + data + ["--model", twice], 2, True),
     ]
@@ -741,15 +749,21 @@ def prepare(tmp, context):
         unfinished = unfinished_run(tmp, world)
         edited_run = unfinished_run(tmp, {**world, "data": str(edited)}, "edited_run")
         full_disk = unfinished_run(tmp, world, "full_disk")
+        changing = Path(copy_model(Path(world["model"]), tmp / "m_changing"))
+        edited_model = unfinished_run(tmp, {**world, "model": str(changing)}, "edited_model_run")
         # stopped at its last step
         full_disk_final = unfinished_run(tmp, world, "full_disk_final", steps=2)
     edited.write_text(edited.read_text().replace("man", "cat", 1))  # same rows, another hash
+    vocab = (changing / "vocab.txt").read_text().splitlines()
+    vocab[20], vocab[21] = vocab[21], vocab[20]  # the same tokens, two ids swapped
+    (changing / "vocab.txt").write_text("\n".join(vocab) + "\n")
     corrupt_token_cache(world, tmp / "cached.txt")
     corrupt = tmp / "corrupt"
     corrupt.mkdir(parents=True)
     (corrupt / "checkpoint.pt").write_bytes(b"PK\x03\x04 not a whole checkpoint")
     best = "embeddings.word_embeddings.weight"
     return {"UNFINISHED": str(unfinished), "CORRUPT": str(corrupt), "EDITED_DATA": str(edited_run),
+            "EDITED_MODEL": str(edited_model),
             "FULL_DISK": str(full_disk), "FULL_DISK_FINAL": str(full_disk_final),
             "BAD_TYPE": tampered(unfinished, tmp / "bad_type",
                                  lambda c: c["config"].update(lr="abc")),

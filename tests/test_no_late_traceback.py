@@ -1,0 +1,65 @@
+"""What used to end a long run or an analysis in a traceback is one line now [issue 27]: `analyze`
+on a malformed run history, on gold scores outside 0-5 or on a diverged (NaN) model; a collapsed
+model (all-zero vectors) is analysed; a RoBERTa config whose padding index leaves no position."""
+import json
+import shutil
+
+import pytest
+import torch
+
+import common
+from tiny_world import make_world, tokenizer
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return make_world(tmp_path_factory.mktemp("late-tracebacks"))
+
+
+def analyze(world, tmp_path, *more, model=None, senteval=None):
+    return common.cli(["analyze", "--model", model or world["model"], "--device", "cpu",
+                       "--senteval", senteval or world["senteval"], "--out",
+                       str(tmp_path / "analysis"), *more])
+
+
+def with_weights(world, tmp_path, fill):
+    model = common.Bert.from_pretrained(world["model"])
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(fill)
+    common.save_pretrained(model, tmp_path / "filled", tokenizer())
+    return str(tmp_path / "filled")
+
+
+@pytest.mark.parametrize("history", [[["x", 0.1, -1.0]], [[0, 0.1]], {"0": [0.1, -1.0]}])
+def test_a_malformed_run_history_is_one_line(history, world, tmp_path):
+    (tmp_path / "results.json").write_text(json.dumps({"align_uniform": history}))
+    with pytest.raises(common.UserError, match="is not a list of \\[step, alignment"):
+        analyze(world, tmp_path, "--runs", str(tmp_path / "results.json"))
+
+
+def test_gold_scores_outside_0_to_5_are_one_line(world, tmp_path):
+    root = tmp_path / "senteval"
+    shutil.copytree(world["senteval"], root)
+    for f in root.rglob("sts-*.csv"):
+        f.write_text("".join("\t".join(r[:4] + ["7.5"] + r[5:]) + "\n"
+                             for r in (line.split("\t") for line in f.read_text().splitlines())))
+    with pytest.raises(common.UserError, match="gold scores outside 0-5"):
+        analyze(world, tmp_path, senteval=str(root))
+
+
+def test_a_diverged_model_is_one_line_and_a_collapsed_one_is_analysed(world, tmp_path):
+    with pytest.raises(common.UserError, match="non-finite vectors"):
+        analyze(world, tmp_path, model=with_weights(world, tmp_path, float("nan")))
+    models = analyze(world, tmp_path, model=with_weights(world, tmp_path, 0.0))
+    assert models[0]["test"]["singular_values"][0] == 0.0  # every vector the same: none spread
+    assert (tmp_path / "analysis" / "singular_values.svg").exists()
+
+
+def test_a_roberta_config_whose_padding_leaves_no_position_is_refused(tmp_path):
+    config = dict(model_type="roberta", vocab_size=64, hidden_size=32, num_hidden_layers=1,
+                  num_attention_heads=2, intermediate_size=64, max_position_embeddings=40,
+                  pad_token_id=38)  # positions start at 39: one left
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(common.CheckpointError, match="max_position_embeddings=40, pad_token_id"):
+        common.read_config(tmp_path)
