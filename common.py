@@ -524,7 +524,7 @@ def evaluate_dev(model, dev, progress=None):
     """STS-B dev Spearman x 100 of the raw [CLS] cosines, and the alignment (pairs with gold > 4)
     and uniformity (distinct sentences) of the same vectors [Wang & Isola 2020]."""
     vectors = encode_sentences(model, dev.tok, None, "cls", 256, dev.ids, progress)  # [3k, H]
-    distinct = vectors[dev.distinct].to(next(model.parameters()).device)  # on the GPU: no stall
+    distinct = vectors[dev.distinct].to(next(model.parameters()).device)  # the model's device
     a, b = vectors[:len(dev.gold)], vectors[len(dev.gold):]  # [1500, H] each
     positive = torch.as_tensor(dev.gold > POSITIVE_GOLD)  # [1500] bool
     return {"stsb_dev": float(100 * scipy.stats.spearmanr(cosine(a, b), dev.gold)[0]),

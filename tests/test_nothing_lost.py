@@ -46,7 +46,7 @@ def test_two_runs_started_together_on_one_folder_one_is_refused(world, tmp_path)
         common.Run(config(world, tmp_path / "there"), "simcse_min.py")
     first.release()
     a, b = (common.Run(config(world, tmp_path / "new"), "simcse_min.py") for _ in range(2))
-    a.open = common.open_out_dir(a)  # no folder when both checked: the first to make it wins
+    common.open_out_dir(a)  # no folder when both checked: the first to make it wins
     with pytest.raises(common.UserError, match="appeared after this run checked it"):
         common.open_out_dir(b)
     a.release(), b.release()
