@@ -478,9 +478,9 @@ def evaluate_sts(model, tok, root, mode="test", pooler="cls", batch_size=128, ta
     return {**{k: float(v) for k, v in results.items()}, "details": details}
 
 
-def format_table(results):
+def format_table(results, tasks=TEST_TASKS):
     """The familiar STS12 ... SICK-R | Avg table (two lines)."""
-    keys = [k for k in [*TEST_TASKS, "Avg"] if k in results]
+    keys = [k for k in [*tasks, "Avg"] if k in results]
     head = " | ".join(f"{SHORT_NAMES.get(k, k):>7}" for k in keys)
     return head + "\n" + " | ".join(f"{results[k]:7.2f}" for k in keys)
 
@@ -1379,7 +1379,8 @@ def check_senteval(root, mode="test"):
     fix = "run `python common.py download senteval` and use --senteval ~/.cache/simcse-min/senteval"
     if path_problem(root, folder=True):
         raise UserError(f"SentEval folder {root} {path_problem(root, folder=True)}; {fix}")
-    missing = [f for f in sts_files(mode) if not (Path(root) / f).is_file()]
+    files = TRANSFER_FILES if mode == "transfer" else sts_files(mode)
+    missing = [f for f in files if not (Path(root) / f).is_file()]
     if missing:
         raise UserError(f"SentEval folder {root} is incomplete: missing {', '.join(missing[:4])}"
                         + f" and {len(missing) - 4} more" * (len(missing) > 4) + f"; {fix}")
@@ -2491,6 +2492,256 @@ def plot_similarity_by_score(models, path):
     svg.save(path)
 
 
+# --- SentEval's transfer tasks: a linear classifier on frozen sentence vectors -------------------
+# What "MR 81.18" means [SimCSE App. E]: each sentence encoded once (raw [CLS], no head), a logistic
+# regression learns the labels from these frozen vectors, its L2 weight chosen by cross-validation,
+# its test accuracy reported: as SentEval does it [tools/validation.py, classifier.py]. A task's
+# fits are independent: they train side by side as one batch, each its own seed, batches, stop.
+
+TRANSFER_TASKS = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")
+BINARY_FILES = {"MR": ("rt-polarity.pos", "rt-polarity.neg"), "CR": ("custrev.pos", "custrev.neg"),
+                "SUBJ": ("subj.objective", "subj.subjective"), "MPQA": ("mpqa.pos", "mpqa.neg")}
+SPLIT_PATHS = {"SST2": {s: f"SST/binary/sentiment-{s}" for s in ("train", "dev", "test")},
+               "TREC": {"train": "TREC/train_5500.label", "test": "TREC/TREC_10.label"},
+               "MRPC": {s: f"MRPC/msr_paraphrase_{s}.txt" for s in ("train", "test")}}
+TRANSFER_FILES = [f"{t}/{name}" for t, names in BINARY_FILES.items() for name in names] + [
+    path for splits in SPLIT_PATHS.values() for path in splits.values()]
+TREC_CLASSES = ("ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM")  # the coarse label [SentEval trec.py]
+TRANSFER_MODES = {  # [SimCSE evaluation.py]: test as in the papers; fasttest (and dev) quicker
+    "test": dict(optim="adam", batch_size=64, epoch_size=4, tenacity=5, kfold=10),
+    "fasttest": dict(optim="rmsprop", batch_size=128, epoch_size=2, tenacity=3, kfold=5)}
+L2_GRID = [10 ** t for t in range(-5, -1)]  # 1e-5 ... 1e-2 [SentEval, usepytorch]
+MAX_EPOCH, SEED = 200, 1111  # [SentEval]
+
+
+def parse_row(task, r):  # a split file's row -> (words or MRPC's pair of them, label)
+    if task == "SST2":  # "words\tlabel"
+        return r[0].split(), int(r[1])
+    if task == "TREC":  # "DESC:manner How did ...": the coarse label, the words after the fine one
+        return r[1].split(" ", 1)[1].split(), TREC_CLASSES.index(r[0])
+    return (r[3].split(), r[4].split()), int(r[0])  # MRPC: label, 2 ids, 2 sentences
+
+
+def load_transfer(root, task):
+    """{split: (samples, labels)} read as SentEval reads them: a sample is a list of words (MRPC: a
+    pair of them); MR, CR, SUBJ, MPQA have one split, 'all', the first file's samples labelled 1."""
+    if task in BINARY_FILES:  # latin-1; str.splitlines() also breaks at \x85, \x0b ... [binary.py]
+        pos, neg = ([line.split() for line in (Path(root) / task / name).read_text(
+            encoding="latin-1").splitlines()] for name in BINARY_FILES[task])
+        return {"all": (pos + neg, [1] * len(pos) + [0] * len(neg))}
+    splits, (encoding, sep) = {}, ("latin-1", ":") if task == "TREC" else ("utf-8", "\t")
+    for split, rel in SPLIT_PATHS[task].items():
+        with malformed_file(Path(root) / rel), open(Path(root) / rel, encoding=encoding) as f:
+            rows = [line.strip().split(sep, 1 if sep == ":" else -1)  # MRPC: a header first
+                    for line in f][task == "MRPC":]
+            if not rows:
+                raise ValueError("no samples")
+            samples, labels = zip(*[parse_row(task, r) for r in rows])
+            splits[split] = list(samples), list(labels)  # `for line in f`: \n, \r only [sst.py]
+    return splits
+
+
+def length_order(samples, labels):
+    """Sorted stably by (word count, label), MRPC by both counts: SentEval encodes in this order,
+    so its folds are drawn on it."""
+    pairs = sorted(zip(samples, labels), key=lambda z: (*map(len, z[0]), z[1])
+                   if isinstance(z[0], tuple) else (len(z[0]), z[1]))
+    return [s for s, _ in pairs], np.array([y for _, y in pairs])
+
+
+def stratified_kfold(y, k, seed=SEED):
+    """[(train rows, test rows)] per fold, as scikit-learn's StratifiedKFold(k, shuffle=True,
+    random_state=seed) draws them [sklearn 0.22+ model_selection/_split.py]."""
+    rng = np.random.RandomState(seed)
+    _, first, inverse = np.unique(y, return_index=True, return_inverse=True)
+    y = np.unique(first, return_inverse=True)[1][inverse.reshape(-1)]  # classes by first seen
+    counts = np.bincount(y)
+    if np.all(counts < k):  # as scikit-learn refuses it
+        raise ValueError(f"{k} folds, but no class has {k} members")
+    # each fold's share of each class: deal the sorted labels round robin
+    share = np.array([np.bincount(np.sort(y)[i::k], minlength=len(counts)) for i in range(k)])
+    fold = np.empty(len(y), dtype=int)
+    for c in range(len(counts)):  # a class's members get folds in blocks, then shuffled
+        blocks = np.arange(k).repeat(share[:, c])
+        rng.shuffle(blocks)
+        fold[y == c] = blocks
+    rows = np.arange(len(y))
+    return [(rows[fold != i], rows[fold == i]) for i in range(k)]
+
+
+def logreg_step(w, grad, state, l2, live, optim):
+    """torch.optim.Adam's or RMSprop's step with their defaults for each fit where `live` is True;
+    L2 added to the gradient as weight decay [SentEval: param_groups[0]['weight_decay'] = l2reg].
+    w, grad [F, C, D]; l2 [F, 1, 1]; live [F, 1, 1]."""
+    grad = grad + l2 * w
+    if optim == "rmsprop":  # lr 0.01, alpha 0.99, eps 1e-8; v: the running mean of grad^2
+        v = state["v"] = torch.where(live, state["v"] * 0.99 + 0.01 * grad * grad, state["v"])
+        return torch.where(live, w - 0.01 * grad / (v.sqrt() + 1e-8), w)
+    state["t"] += live  # adam: lr 1e-3, betas (0.9, 0.999), eps 1e-8; t [F, 1, 1] its steps
+    m = state["m"] = torch.where(live, state["m"].lerp(grad, 1 - 0.9), state["m"])
+    v = state["v"] = torch.where(live, state["v"] * 0.999 + (1 - 0.999) * grad * grad, state["v"])
+    t = state["t"].double().clamp(min=1)
+    step, bias2 = (1e-3 / (1 - 0.9 ** t)).float(), (1 - 0.999 ** t).sqrt().float()
+    return torch.where(live, w - step * m / (v.sqrt() / bias2 + 1e-8), w)
+
+
+def fit_batches(fits, rngs, size, device):
+    """One epoch's rows [F, S * size] (a fresh permutation per fit) and each row's share of its
+    batch's mean loss (0: padding, where a fit's epoch is shorter than the longest)."""
+    steps = max(-(-len(rows) // size) for rows in fits)
+    order, share = np.zeros((len(fits), steps * size), int), np.zeros((len(fits), steps * size))
+    for i, (rows, rng) in enumerate(zip(fits, rngs)):
+        n = len(rows)
+        order[i, :n] = rows[rng.permutation(n)]
+        share[i, :n] = 1 / np.minimum(size, n - np.arange(n) // size * size)  # the last is short
+    return torch.from_numpy(order).to(device), torch.from_numpy(share).float().to(device), steps
+
+
+def fit_logregs(X, y, fits, mode):
+    """SentEval's PyTorchClassifier.fit for each (train rows, dev rows or None: a 5 % split of the
+    train rows, L2 weight), all at once: (best weights [F, C, D + 1], best dev correct [F])."""
+    cfg, device, classes = TRANSFER_MODES[mode], X.device, int(y.max()) + 1
+    rngs = [np.random.RandomState(SEED) for _ in fits]  # np.random.seed(1111) per classifier
+    train, dev = [], []
+    for rng, (rows, dev_rows, _) in zip(rngs, fits):
+        if dev_rows is None:  # validation_split=0.05: the head of a permutation [classifier.py]
+            rows = rows[rng.permutation(len(rows))]
+            rows, dev_rows = rows[int(0.05 * len(rows)):], rows[:int(0.05 * len(rows))]
+        train.append(rows), dev.append(dev_rows)
+    with torch.random.fork_rng(devices=[]):  # torch.manual_seed(1111), then nn.Linear [ibid.]
+        torch.manual_seed(SEED)
+        init = nn.Linear(X.size(1) - 1, classes)
+    w = torch.cat([init.weight, init.bias[:, None]], 1).detach().to(device)  # [C, D + 1]
+    w = w.expand(len(fits), -1, -1).clone()  # [F, C, D + 1]; a last column of ones in X: the bias
+    best_w, state = w.clone(), {"m": torch.zeros_like(w), "v": torch.zeros_like(w),
+                                "t": torch.zeros(len(fits), 1, 1, device=device)}
+    l2 = torch.tensor([reg for _, _, reg in fits], device=device).float().view(-1, 1, 1)
+    is_dev = torch.from_numpy(np.stack([np.isin(np.arange(len(X)), d) for d in dev])).to(device)
+    best, misses, live, epoch = np.full(len(fits), -1), np.zeros(len(fits), int), np.arange(
+        len(fits)), 0  # live: the fits still training
+    while len(live) and epoch <= MAX_EPOCH:  # `while not stop_train and nepoch <= max_epoch`
+        sub = {k: v[live] for k, v in state.items()}
+        ws, l2s = w[live], l2[live]
+        for _ in range(cfg["epoch_size"]):
+            order, share, steps = fit_batches([train[f] for f in live], [rngs[f] for f in live],
+                                              cfg["batch_size"], device)
+            for s in range(steps):
+                cols = slice(s * cfg["batch_size"], (s + 1) * cfg["batch_size"])
+                x, target, weight = X[order[:, cols]], y[order[:, cols]], share[:, cols, None]
+                p = (x @ ws.transpose(1, 2)).softmax(-1)  # [F, B, C]
+                grad = ((p - F.one_hot(target, classes)) * weight).transpose(1, 2) @ x  # dCE/dw
+                ws = logreg_step(ws, grad, sub, l2s, weight[:, :1] > 0, cfg["optim"])
+        for k, v in sub.items():
+            state[k][live] = v
+        w[live] = ws
+        hits = (X @ ws.transpose(1, 2)).argmax(-1) == y  # [F, N]: each fit predicts every row
+        correct = (hits & is_dev[live]).sum(1).cpu().numpy()
+        better = correct > best[live]  # `if accuracy > bestaccuracy` [classifier.py]
+        best_w[live[better]] = ws[torch.from_numpy(better).to(device)]
+        misses[live[~better]] += 1  # tenacity: misses beyond it stop a fit, never reset
+        best[live] = np.maximum(best[live], correct)
+        live, epoch = live[better | (misses[live] <= cfg["tenacity"])], epoch + cfg["epoch_size"]
+    return best_w, best, np.array([len(d) for d in dev])
+
+
+def stack(splits, device):
+    """{split: (X [n, D], y [n])} -> X [N, D + 1] (its last column, ones: the bias), y, rows."""
+    X = torch.as_tensor(np.concatenate([x for x, _ in splits.values()]), dtype=torch.float32)
+    y = torch.as_tensor(np.concatenate([y for _, y in splits.values()])).to(device)
+    cut = np.cumsum([0, *(len(y) for _, y in splits.values())])
+    rows = {split: np.arange(a, b) for split, a, b in zip(splits, cut, cut[1:])}
+    return torch.cat([X, X.new_ones(len(X), 1)], 1).to(device), y, rows
+
+
+def mean_percent(scores):  # round(100 * np.mean(scores), 2), SentEval's every reported number
+    return round(100 * float(np.mean(scores)), 2)
+
+
+def l2_scores(X, y, fold_sets, mode):
+    """[set of folds][L2 weight] -> mean dev accuracy x 100 over the folds, all fit at once."""
+    fits = [(a, b, reg) for folds in fold_sets for reg in L2_GRID for a, b in folds]
+    _, correct, n = fit_logregs(X, y, fits, mode)
+    return [[mean_percent(acc) for acc in per_l2]
+            for per_l2 in (correct / n).reshape(len(fold_sets), len(L2_GRID), -1)]
+
+
+def test_percent(w, X, y, rows):  # w [C, D + 1] -> accuracy x 100 on X[rows]
+    return mean_percent(((X[rows] @ w.T).argmax(-1) == y[rows]).cpu().numpy())
+
+
+def inner_kfold(splits, mode="test", device="cpu"):
+    """MR, CR, SUBJ, MPQA ({'all': (X, y)}): k outer folds; in each, the L2 weight with the best
+    mean accuracy over k inner folds, refit on the outer training part (5 % held out to stop it),
+    tested on the outer fold [SentEval InnerKFoldClassifier] -> (dev, test accuracy)."""
+    (X, y, _), k = stack(splits, device), TRANSFER_MODES[mode]["kfold"]
+    labels = y.cpu().numpy()
+    outer = stratified_kfold(labels, k)
+    scores = l2_scores(X, y, [[(rows[a], rows[b]) for a, b in stratified_kfold(labels[rows], k)]
+                              for rows, _ in outer], mode)
+    best_l2 = [L2_GRID[int(np.argmax(s))] for s in scores]
+    w, _, _ = fit_logregs(X, y, [(rows, None, r) for (rows, _), r in zip(outer, best_l2)], mode)
+    tests = [test_percent(w[i], X, y, rows) for i, (_, rows) in enumerate(outer)]
+    return round(float(np.mean([max(s) for s in scores])), 2), round(float(np.mean(tests)), 2)
+
+
+def kfold_refit(splits, mode="test", device="cpu"):
+    """TREC, MRPC ({'train', 'test'}): the L2 weight with the best mean accuracy over k folds of
+    the training set, refit on all of it (5 % held out to stop it), tested [SentEval
+    KFoldClassifier] -> (dev accuracy, test accuracy, test predictions)."""
+    X, y, rows = stack(splits, device)
+    folds = stratified_kfold(y[rows["train"]].cpu().numpy(), TRANSFER_MODES[mode]["kfold"])
+    scores = l2_scores(X, y, [folds], mode)[0]
+    w, _, _ = fit_logregs(X, y, [(rows["train"], None, L2_GRID[int(np.argmax(scores))])], mode)
+    yhat = (X[rows["test"]] @ w[0].T).argmax(-1).cpu().numpy()
+    return max(scores), test_percent(w[0], X, y, rows["test"]), yhat
+
+
+def dev_split(splits, mode="test", device="cpu"):
+    """SST-2 ({'train', 'dev', 'test'}): the L2 weight with the best dev accuracy, tested [SentEval
+    SplitClassifier; its refit with that weight is the same fit, same seed: reused]."""
+    X, y, rows = stack(splits, device)
+    w, correct, n = fit_logregs(X, y, [(rows["train"], rows["dev"], l2) for l2 in L2_GRID], mode)
+    scores = [round(100 * (c / m), 2) for c, m in zip(correct, n)]
+    best = int(np.argmax(scores))
+    return float(scores[best]), test_percent(w[best], X, y, rows["test"])
+
+
+def f1_percent(y, yhat):  # the positive class's F1 x 100 [SentEval mrpc.py: sklearn f1_score]
+    tp, fp, fn = [int(((yhat == a) & (y == b)).sum()) for a, b in ((1, 1), (1, 0), (0, 1))]
+    return round(100 * 2 * tp / max(2 * tp + fp + fn, 1), 2)
+
+
+def evaluate_transfer(model, tok, root, mode="test", pooler="cls", batch_size=128,
+                      tasks=TRANSFER_TASKS, progress=None):
+    """Test accuracy x 100 per task (dev mode: the cross-validated dev accuracy), MRPC's F1 and
+    each task's details, 'Avg' of the printed values [SimCSE evaluation.py --task_set transfer]."""
+    start, fit_mode = time.time(), "fasttest" if mode == "dev" else mode
+    data = {t: {s: length_order(*xy) for s, xy in load_transfer(root, t).items()} for t in tasks}
+    unique = sorted({" ".join(w) for splits in data.values() for samples, _ in splits.values()
+                     for s in samples for w in (s if isinstance(s, tuple) else [s])})  # once each
+    vectors = encode_sentences(model, tok, unique, pooler, batch_size, progress=progress)  # [N, H]
+    index, device = {s: i for i, s in enumerate(unique)}, next(model.parameters()).device
+
+    def embed(samples):  # [n, H]; MRPC's pairs -> [|u - v|, u * v] [SentEval mrpc.py]
+        if not isinstance(samples[0], tuple):
+            return vectors[[index[" ".join(s)] for s in samples]].numpy()
+        u, v = (vectors[[index[" ".join(p[i])] for p in samples]] for i in (0, 1))
+        return torch.cat([(u - v).abs(), u * v], 1).numpy()
+    results, details = {}, {}
+    for task, splits in data.items():
+        tick, xy = time.time(), {s: (embed(x), y) for s, (x, y) in splits.items()}
+        scheme = {"SST2": dev_split}.get(task, inner_kfold if task in BINARY_FILES else kfold_refit)
+        dev, test, *yhat = scheme(xy, fit_mode, device)
+        results[task] = dev if mode == "dev" else test
+        details[task] = {"devacc": dev, "acc": test, "seconds": round(time.time() - tick, 1),
+                         **({"f1": f1_percent(xy["test"][1], *yhat)} if task == "MRPC" else {})}
+        print(f"{task}: {results[task]:.2f} ({details[task]['seconds']:.0f} s)", file=sys.stderr)
+    if len(results) == len(TRANSFER_TASKS):  # of the printed values [SimCSE evaluation.py]
+        results["Avg"] = float(np.mean([round(results[t], 2) for t in TRANSFER_TASKS]))
+    details.update(seconds=round(time.time() - start, 2), sentences_encoded=len(unique))
+    return {**results, "details": details}
+
+
 # --- Command line: python common.py eval | download | analyze ------------------------------------
 
 class OneLineErrors(argparse.ArgumentParser):
@@ -2556,7 +2807,7 @@ def cli(argv=None):
                            "embedding analysis, downloads.", formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
     fmt = {"formatter_class": HelpFormatter}
-    ev = sub.add_parser("eval", help="STS evaluation of a model, as the papers report it", **fmt)
+    ev = sub.add_parser("eval", help="STS or transfer table of a model, as in the papers", **fmt)
     dl = sub.add_parser("download", help="fetch a model or data set into ~/.cache/simcse-min "
                         "(needs internet)", **fmt)
     data = ", ".join(k for k in KNOWN_DATA if k != "senteval.tar")
@@ -2579,8 +2830,11 @@ def cli(argv=None):
         run.add_argument("--batch_size", type=int, default=128, help="sentences per encoding batch")
         run.add_argument("--device", default="auto", help="cpu, cuda or mps; auto: cuda, else mps, "
                          "else cpu")
-    ev.groups[0].add_argument("--mode", default="test", choices=("test", "dev"), help="test: "
-                              "STS12-16, STS-B and SICK-R test; dev: STS-B dev and SICK-R trial")
+    ev.groups[0].add_argument("--tasks", default="sts", choices=("sts", "transfer", "sts,transfer"),
+                              help="transfer: SentEval's MR ... MRPC, a classifier on the vectors")
+    ev.groups[0].add_argument("--mode", default="test", choices=("test", "dev", "fasttest"),
+                              help="test: STS12-16, STS-B, SICK-R test, transfer 10-fold (the "
+                              "papers'); dev: STS-B dev, SICK-R trial; fasttest, dev: 5-fold")
     ev.groups[1].add_argument("--json", default="", help="also write the scores to this JSON file")
     an.groups[0].add_argument("--compare", nargs="+", default=[], help="more model folders or "
                               "names, drawn beside it")
@@ -2600,14 +2854,20 @@ def cli(argv=None):
 
 
 def run_eval(args):
-    """The STS table of one model, as the papers report it (and --json)."""
-    device, root, _ = check_cli_inputs(args, [args.model], [args.mode])
+    """A model's STS and/or transfer table (--json: STS scores; the transfer's in 'transfer')."""
+    modes = args.tasks.replace("sts", "dev" if args.mode == "dev" else "test").split(",")
+    device, root, _ = check_cli_inputs(args, [args.model], modes)
     tok, model = Tokenizer.from_pretrained(args.model), Bert.from_pretrained(args.model).to(device)
-    results = evaluate_sts(model, tok, root, args.mode, args.pooler, args.batch_size,
-                           progress=Progress(f"STS {args.mode}"))
-    details = results["details"]
-    print(format_table(results) + f"\n({details['sentences_encoded']} sentences encoded in "
-                                  f"{details['seconds']:.1f}s)")
+    results, run = {}, (args.pooler, args.batch_size)
+    if modes[0] != "transfer":  # fasttest's STS table: the test one [SimCSE evaluation.py]
+        results = evaluate_sts(model, tok, root, modes[0], *run, progress=Progress("STS"))
+    if "transfer" in modes:
+        results["transfer"] = evaluate_transfer(model, tok, root, args.mode, *run,
+                                                progress=Progress("transfer"))
+    for table, names in ((results, TEST_TASKS), (results.get("transfer"), TRANSFER_TASKS)):
+        if table and "details" in table:
+            print(format_table(table, names) + f"\n({table['details']['sentences_encoded']} "
+                  f"sentences encoded; {table['details']['seconds']:.1f}s in all)")
     if args.json:
         write_json(args.json, results, indent=1)
     return results

@@ -51,3 +51,11 @@ def test_config_shared_fields_identical():
     for name in SCRIPTS:
         fields = re.findall(r"^    (\w+): \w+ = ", source(name).split("# ---- Views")[0], re.M)
         assert fields[:len(shared)] == shared, name
+
+
+def test_no_name_is_defined_twice_in_common():
+    """A second top-level def of a name silently replaces the first (Part 3's transfer tasks once
+    redefined the training loop's optimizer_step and epoch_batches)."""
+    names = [n.name for n in ast.parse(source("common.py")).body
+             if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    assert not {n for n in names if names.count(n) > 1}

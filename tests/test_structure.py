@@ -23,10 +23,10 @@ LINE_CAPS = {"simcse_min.py": 200, "esimcse_min.py": 260, "simcsepp_min.py": 260
              "diffcse_min.py": 320}  # [STYLE §2.1]
 DIFF_BUDGET = {"esimcse_min.py": 100, "simcsepp_min.py": 100, "diffcse_min.py": 160}
 # common.py's parts, hard limits [issue 28]: Part 1 (the textbook, RoBERTa's tokenizer included)
-# 650 lines, Part 2 (operations) 1,100, Part 3 (command line, figures) 450 before the transfer
-# tasks; no function over 60 lines. They replace STYLE §2.1's 650/550/300, set before precision,
-# cross-device resume and RoBERTa (issues 16-18) priced their guarantees.
-BUDGETS = {"Part 1": 650, "Part 2": 1100, "Part 3": 450}
+# 650 lines, Part 2 (operations) 1,100, Part 3 (command line, figures) 450 plus SentEval's transfer
+# tasks, at most 250 of their own [issue 29]; no function over 60 lines. They replace STYLE
+# §2.1's 650/550/300, set before precision, cross-device resume and RoBERTa priced guarantees.
+BUDGETS = {"Part 1": 650, "Part 2": 1100, "Part 3": 450 + 250, "transfer tasks": 250}
 # Part 2 is not at its budget yet (issue 28 stays open for it): it holds this ceiling until then,
 # and test_part_2_meets_its_budget, a strict xfail, fails once it gets there. 1,452 at the end of
 # issue 28's restructuring; +24 for issue 30: the fused-AdamW choice kept on resume, the process
@@ -36,8 +36,8 @@ BUDGETS = {"Part 1": 650, "Part 2": 1100, "Part 3": 450}
 # +130 for issue 27: the folder lock taken before the checks (lock_folder, FolderLock,
 # out_dir_of), the exclusive folder and the unfollowed log (open_out_dir), outputs against inputs
 # (check_writes_no_input, OUTPUTS), special model files, STS lengths, .tsv, the tokenizer's digest
-# checked on resume, the torchrun join limit naming stale variables.
-CEILINGS = {"Part 2": 1611}
+# checked on resume, the torchrun join limit naming stale variables; +1 for issue 29's files.
+CEILINGS = {"Part 2": 1612}
 # The Part 2/3 names Part 1 may call: each says what it does, and nobody needs its details to learn
 # a method [issue 28: at most 6]. A new one fails test_part_1_uses_only_its_seams.
 SEAMS = {"UserError", "read_tokenizer_files", "read_weights", "load_sts", "world"}
@@ -50,13 +50,16 @@ def source(name):
 
 def common_parts():
     """Lines per part of common.py: each part runs from its banner to the next (Part 1 from the
-    top)."""
+    top); Part 3's section of transfer tasks (to the next section's banner) also apart."""
     lines = source("common.py").splitlines()
     starts = [i for i, line in enumerate(lines) if re.match(r"# Part [23]:", line)]
     assert len(starts) == 2, "common.py needs the banners '# Part 2:' and '# Part 3:'"
     cuts = [0, starts[0] - 1, starts[1] - 1, len(lines)]  # a banner starts one line above its title
     sizes = {f"Part {i + 1}": cuts[i + 1] - cuts[i] for i in range(3)}
-    return {**sizes, "common.py": len(lines)}
+    transfer = [i for i, line in enumerate(lines) if line.startswith("# --- SentEval's transfer")]
+    assert len(transfer) == 1, "Part 3 needs the banner '# --- SentEval's transfer tasks'"
+    end = next(i for i in range(transfer[0] + 1, len(lines)) if lines[i].startswith("# --- "))
+    return {**sizes, "transfer tasks": end - transfer[0], "common.py": len(lines)}
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
