@@ -2858,9 +2858,9 @@ def run_eval(args):
     modes = args.tasks.replace("sts", "dev" if args.mode == "dev" else "test").split(",")
     device, root, _ = check_cli_inputs(args, [args.model], modes)
     tok, model = Tokenizer.from_pretrained(args.model), Bert.from_pretrained(args.model).to(device)
-    results, run = {}, (args.pooler, args.batch_size)
+    results, run, shown = {}, (args.pooler, args.batch_size), Progress(f"STS {modes[0]}")
     if modes[0] != "transfer":  # fasttest's STS table: the test one [SimCSE evaluation.py]
-        results = evaluate_sts(model, tok, root, modes[0], *run, progress=Progress("STS"))
+        results = evaluate_sts(model, tok, root, modes[0], *run, progress=shown)
     if "transfer" in modes:
         results["transfer"] = evaluate_transfer(model, tok, root, args.mode, *run,
                                                 progress=Progress("transfer"))
