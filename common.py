@@ -2830,8 +2830,8 @@ def cli(argv=None):
         run.add_argument("--batch_size", type=int, default=128, help="sentences per encoding batch")
         run.add_argument("--device", default="auto", help="cpu, cuda or mps; auto: cuda, else mps, "
                          "else cpu")
-    ev.groups[0].add_argument("--tasks", default="sts", choices=("sts", "transfer", "sts,transfer"),
-                              help="transfer: SentEval's MR ... MRPC, a classifier on the vectors")
+    ev.groups[0].add_argument("--tasks", default="sts", metavar="TASKS", choices=(
+        "sts", "transfer", "sts,transfer"), help="sts, transfer (SentEval's 7) or sts,transfer")
     ev.groups[0].add_argument("--mode", default="test", choices=("test", "dev", "fasttest"),
                               help="test: STS12-16, STS-B, SICK-R test, transfer 10-fold (the "
                               "papers'); dev: STS-B dev, SICK-R trial; fasttest, dev: 5-fold")
