@@ -20,6 +20,7 @@ def test_the_recorded_senteval_tar_unpacks_every_task_we_read(hub):
     root = common.download_senteval()
     assert root == common.CACHE / "senteval" / "downstream"
     common.check_senteval(root, "test"), common.check_senteval(root, "dev")
+    common.check_senteval(root, "transfer")  # every file the transfer tasks read [issue 29]
     wanted = [m for m in facts.SENTEVAL_MEMBERS if not m.endswith("/") and m.split("/")[0]
               in common.SENTEVAL_TASKS]
     assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
