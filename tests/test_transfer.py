@@ -43,8 +43,8 @@ def test_folds_need_a_class_with_k_members():
 
 
 def write_transfer_folders(root, n=30, seed=0):
-    """Each transfer file in its real format (tests/fixtures/make_transfer_fixtures.py writes them
-    byte for byte, with SentEval's own reading recorded), n samples each."""
+    """Each transfer file in its real format, n samples each: enough for 10 folds. (The formats'
+    traps, with SentEval's own reading recorded, are make_transfer_fixtures.py's files.)"""
     rng = random.Random(seed)
 
     def sentences():
@@ -98,7 +98,7 @@ def test_missing_transfer_folders_are_one_line_before_any_work(tmp_path):
 def test_a_cut_transfer_file_is_one_line(tmp_path):
     write_transfer_folders(tmp_path)
     (tmp_path / "TREC" / "TREC_10.label").write_text("DESC:manner How ?\nno label here\n")
-    with pytest.raises(common.UserError, match="TREC.*malformed"):
+    with pytest.raises(common.UserError, match=r"TREC/TREC_10\.label is malformed"):
         common.load_transfer(tmp_path, "TREC")
 
 

@@ -70,3 +70,19 @@ def test_accuracies_are_senteval_s(mode, i, one_thread):
         assert (dev, test, yhat.tolist()) == (run["devacc"], run["testacc"], run["yhat"])
         if "f1" in run:
             assert common.f1_percent(splits["test"][1], yhat) == run["f1"]
+
+
+@pytest.mark.parametrize("mode", list(FIXTURE["classifiers"]))
+def test_every_inner_fit_reaches_senteval_s_best_dev_accuracy(mode, one_thread):
+    """Each of the k x 4 x k inner fits of MR's scheme on its own, in SentEval's order (outer fold,
+    L2 weight, inner fold): its best dev accuracy, SentEval's fit() return value."""
+    run = next(r for r in FIXTURE["classifiers"][mode]["runs"] if r["scheme"] == "inner")
+    X, y = synthetic(**run["data"])
+    k, stacked, labels, _ = common.TRANSFER_MODES[mode]["kfold"], *common.stack({"all": (X, y)},
+                                                                                 "cpu")
+    fits = [(rows[a], rows[b], l2) for rows, _ in common.stratified_kfold(y, k)
+            for l2 in common.L2_GRID for a, b in common.stratified_kfold(y[rows], k)]
+    _, correct, n = common.fit_logregs(stacked, labels, fits, mode)
+    per_outer = len(common.L2_GRID) * k + 1  # SentEval fits the outer fold's refit after these
+    want = [a for i, a in enumerate(run["fit_devacc"]) if (i + 1) % per_outer]
+    assert [round(c / m, 6) for c, m in zip(correct, n)] == want

@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: common.py
+
 DIM = 768
 # per split, the number of sentences (MRPC: pairs) of each class id, in class-id order
 TASK_SIZES = {
@@ -142,7 +144,6 @@ def _run_senteval_scheme(task, data, mode):
 def run_ours(task, data, mode, device):
     """common.py's scheme for the task on the same vectors, on `device` -> result dict. Every
     number comes back to the CPU, so a CUDA run is timed to its end."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     import common
     xy = {split: (d["X"], d["y"]) for split, d in data.items()}
     scheme = TASK_SIZES[task]["scheme"]
