@@ -1882,14 +1882,17 @@ class Run:
 
     def release(self):
         """The end of a run on every rank: signal handlers as they were before catch_signals,
-        out_dir unlocked -> {}."""
+        out_dir unlocked -> {}. Also when collected: a run refused after its lock (in tests)."""
         for s, h in getattr(self, "old_handlers", {}).items():
             signal.signal(s, h)
         self.old_handlers = {}
-        for f in (getattr(self, "lock", None), getattr(self, "log_file", None)):
-            f and f.close()
+        if getattr(self, "lock", None) is not None:
+            os.close(self.lock)
+        if getattr(self, "log_file", None):
+            self.log_file.close()
         self.lock = self.log_file = None
         return {}
+    __del__ = release
 
     def signal_received(self, step):
         """The Ctrl-C/SIGTERM caught so far (0: none) by any rank: under torchrun all stop
@@ -1939,7 +1942,8 @@ def lock_folder(out):
     """flock on the folder itself, held for the run: taken before out_dir is checked, so two runs
     started together cannot both pass the check, and renaming a file inside lets no second run in.
     Released by release(), when the run is collected, or when the process ends (a crash cannot
-    leave it stuck) -> a FolderLock, or None (no folder yet: open_out_dir makes it; not POSIX)."""
+    leave it stuck) -> its file descriptor, or None (no folder yet: open_out_dir makes it; not
+    POSIX)."""
     try:
         import fcntl
     except ImportError:
@@ -1953,18 +1957,7 @@ def lock_folder(out):
         os.close(fd)
         raise UserError(f"--out_dir {out} is in use by another run that is still going: wait "
                         f"for it, or pick another --out_dir") from None
-    return FolderLock(fd)
-
-
-class FolderLock:
-    def __init__(self, fd):
-        self.fd = fd
-
-    def close(self):
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-    __del__ = close  # a run refused after its lock (in-process, in tests) lets go when collected
+    return fd
 
 
 def open_out_dir(run):
