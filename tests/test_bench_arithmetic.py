@@ -54,3 +54,16 @@ def test_gpu_report_prints_mfu_and_the_epoch(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "ours simcse                  MFU  40.0%" in out and "MFU  16.0%" in out
     assert f"epoch {(15625 * step + 126 * 1.5 + 30) / 60:6.1f} min" in out and "2.50x" in out
+
+
+def test_simcsepp_compiled_beside_simcse_on_cuda_is_refused_before_any_work(monkeypatch, capsys):
+    """The pair that crashes torch 2.11 on a GPU (docs/speed.md): one line and exit 2, not a
+    segmentation fault after minutes; other sets, the CPU, and eager runs go on."""
+    assert "segmentation fault" in bench.compile_conflict(bench.METHODS, True, "cuda")
+    assert bench.compile_conflict(["simcse", "esimcse", "diffcse"], True, "cuda") == ""
+    assert bench.compile_conflict(bench.METHODS, False, "cuda") == ""
+    assert bench.compile_conflict(bench.METHODS, True, "cpu") == ""
+    monkeypatch.setattr(bench.common, "resolve_device", lambda name: torch.device("cuda"))
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["--compile", "--model", "bert-base"])
+    assert stop.value.code == 2 and "--methods esimcse,diffcse" in capsys.readouterr().err

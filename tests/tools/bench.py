@@ -289,6 +289,19 @@ def hf_encode(hf, id_lists, device, amp_dtype, batch_size=256):
 
 # ---- Measurements
 
+def compile_conflict(methods, compile, device_type):
+    """'' or why these methods cannot be compiled in one process: SimCSE's and SimCSE++'s
+    encoders compiled with CUDA graphs end in a segmentation fault in the backward (torch
+    2.11.0+cu130, 7 of 7 runs on an H100 and an H200; SimCSE alone, and beside ESimCSE or DiffCSE,
+    ran: docs/speed.md)."""
+    if compile and device_type == "cuda" and "simcsepp" in methods:
+        return ("--compile on CUDA: SimCSE's and SimCSE++'s compiled encoders in one process end "
+                "in a segmentation fault in torch's CUDA-graph backward (docs/speed.md); pass "
+                "--methods esimcse,diffcse, and read SimCSE++'s compiled ms/step from a training "
+                "run's log")
+    return ""
+
+
 def take_turns(contenders, reps, warmup, device):
     """{name: [seconds, ...]}: every contender once per round, rounds after the warm-up timed."""
     times = {name: [] for name in contenders}
@@ -350,9 +363,11 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     device = common.resolve_device(args.device)
+    methods = ["simcse", *(m for m in METHODS[1:] if m in args.methods.split(","))]
+    if compile_conflict(methods, args.compile, device.type):
+        p.error(compile_conflict(methods, args.compile, device.type))
     args.precision, why = common.choose_precision(args.precision, device)
     args.steps = args.steps or (10 if device.type == "cuda" else 5)
-    methods = ["simcse", *(m for m in METHODS[1:] if m in args.methods.split(","))]
     senteval = ""
     if args.senteval and Path(args.senteval).exists():
         senteval = common.resolve_senteval(args.senteval)
