@@ -58,7 +58,7 @@ def test_gpu_report_prints_mfu_and_the_epoch(monkeypatch, capsys):
 
 def test_simcsepp_compiled_beside_simcse_on_cuda_is_refused_before_any_work(monkeypatch, capsys):
     """The pair that crashes torch 2.11 on a GPU (docs/speed.md): one line and exit 2, not a
-    segmentation fault after minutes; other sets, the CPU, and eager runs go on."""
+    segmentation fault after minutes; other sets, the CPU and eager runs have no conflict."""
     assert "segmentation fault" in bench.compile_conflict(bench.METHODS, True, "cuda")
     assert bench.compile_conflict(["simcse", "esimcse", "diffcse"], True, "cuda") == ""
     assert bench.compile_conflict(bench.METHODS, False, "cuda") == ""

@@ -364,8 +364,8 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     device = common.resolve_device(args.device)
     methods = ["simcse", *(m for m in METHODS[1:] if m in args.methods.split(","))]
-    if compile_conflict(methods, args.compile, device.type):
-        p.error(compile_conflict(methods, args.compile, device.type))
+    if conflict := compile_conflict(methods, args.compile, device.type):
+        p.error(conflict)
     args.precision, why = common.choose_precision(args.precision, device)
     args.steps = args.steps or (10 if device.type == "cuda" else 5)
     senteval = ""
