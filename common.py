@@ -1,9 +1,8 @@
 """common.py: everything the four methods share, and nothing method-specific.
 
-Part 1, the model and the loop (read this): WordPiece identical to BERT's, a compact BERT that loads
-Hugging Face checkpoints, data batches, STS evaluation identical to SentEval's, the loop pieces.
-Part 2, operations (safe to skip): files, downloads, input checks, resumable runs, torchrun. Part 3:
-`python common.py eval | download | analyze` and the figures. Not here: heads, views, losses, flags.
+Part 1, the model and the loop (read this): BERT's tokenizers, a compact BERT that loads Hugging
+Face checkpoints, batches, the STS evaluation as SentEval's, the loop pieces. Part 2: operations
+(safe to skip). Part 3: `python common.py eval | ...`, figures. Not here: heads, losses, flags.
 
     tok = Tokenizer.from_pretrained("bert-base-uncased")
     model = Bert.from_pretrained("bert-base-uncased")
@@ -13,14 +12,10 @@ Part 2, operations (safe to skip): files, downloads, input checks, resumable run
 import contextlib
 import dataclasses
 import functools
-import itertools
-import json
 import math
 import re
-import sys
 import time
 import unicodedata
-from pathlib import Path
 
 import numpy as np
 import scipy.stats
@@ -59,7 +54,8 @@ def basic_clean(text):
 
 def split_punctuation(word):
     """'e-mail!' -> ['e', '-', 'mail', '!']; ASCII symbols are punctuation ('$', '^') [BERT]."""
-    pieces, current = [], ""
+    pieces = []
+    current = ""
     for ch in word:
         cp = ord(ch)
         if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126 or \
@@ -74,17 +70,20 @@ def split_punctuation(word):
 class Tokenizer:
     """BERT's WordPiece: clean, split, greedy longest-match '##' sub-words; words cached (fast)."""
     max_word_chars = 100  # longer words become [UNK] [HF WordpieceTokenizer]
+    specials = SPECIAL_TOKENS
+    special_split = _SPECIAL_SPLIT
 
     def __init__(self, vocab, do_lower_case=True, strip_accents=None):
-        self.vocab, self.lower, self._cache = vocab, do_lower_case, {}  # vocab: token -> id
+        self.vocab = vocab  # token -> id
+        self.lower = do_lower_case
+        self._cache = {}  # word (BPE: pre-token) -> ids
         self.strip_accents = do_lower_case if strip_accents is None else strip_accents  # [HF]
         self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = map(vocab.get,
-                                                                               SPECIAL_TOKENS)
+                                                                               self.specials)
 
     @staticmethod
     def from_pretrained(name_or_dir):
-        """A model folder's (or known name's) tokenizer: WordPiece from vocab.txt (id = line number)
-        and tokenizer_config.json, or RoBERTa's byte-level BPE from vocab.json and merges.txt."""
+        """A folder's (or known name's) tokenizer: WordPiece (vocab.txt) or RoBERTa's BPE."""
         files = read_tokenizer_files(name_or_dir)  # Part 2: found or fetched once, checked
         if "merges" in files:
             return BPETokenizer(files["vocab"], files["merges"])
@@ -107,7 +106,8 @@ class Tokenizer:
         """Greedy longest-match-first: 'unaffable' -> un ##aff ##able."""
         if len(piece) > self.max_word_chars:
             return [self.unk_id]
-        ids, start = [], 0
+        ids = []
+        start = 0
         while start < len(piece):
             for end in range(len(piece), start, -1):  # longest match first
                 sub = piece[start:end] if start == 0 else "##" + piece[start:end]
@@ -120,15 +120,19 @@ class Tokenizer:
         return ids
 
     def encode(self, text, max_len=None):
-        """text -> [CLS] ids [SEP], at most max_len tokens ([CLS] and [SEP] counted), [SEP] kept."""
-        ids, limit = [self.cls_id], math.inf if max_len is None else max_len - 1
-        for chunk in _SPECIAL_SPLIT.split(text) if "[" in text else (text,):
-            if chunk in SPECIAL_TOKENS:
+        """text -> [CLS] ids [SEP] (RoBERTa: <s> ids </s>), at most max_len tokens; [SEP] kept."""
+        ids = [self.cls_id]
+        chunks = self.special_split.split(text)  # [text], or text around each special token
+        for i, chunk in enumerate(chunks):
+            if chunk in self.specials:
                 ids.append(self.vocab[chunk])  # special-token strings in the text are kept [HF]
-                continue
-            for word in basic_clean(chunk).split():
-                ids += self.encode_word(word)
-        return ids[:limit] + [self.sep_id] if len(ids) > limit else ids + [self.sep_id]
+            else:
+                ids += self.encode_text(chunk, chunks[i + 1:i + 2])
+        keep = len(ids) if max_len is None else max_len - 1
+        return ids[:keep] + [self.sep_id]
+
+    def encode_text(self, text, after):  # after: the special token that follows, if any
+        return [i for word in basic_clean(text).split() for i in self.encode_word(word)]
 
     def pad(self, id_lists, width=None):
         """Pad to the longest (or `width`) -> (ids [B, L], mask [B, L]), mask 1 on real tokens."""
@@ -165,17 +169,16 @@ def gpt2_pattern():
 class BPETokenizer(Tokenizer):
     """RoBERTa's tokenizer: text -> UTF-8 bytes -> GPT-2 pre-tokens -> merges by rank -> ids, as
     <s> ... </s> [HF RobertaTokenizer, add_prefix_space=False]. Pads and batches like WordPiece."""
+    specials = BPE_SPECIALS
+    special_split = _BPE_SPECIAL_SPLIT
 
     def __init__(self, vocab, merges):
-        self.vocab, self.merges, self._cache = vocab, merges, {}  # token -> id; [(a, b)] by rank
+        super().__init__(vocab, do_lower_case=False, strip_accents=False)  # its special ids too
+        self.merges = merges  # [(a, b)] by rank
         self.ranks = {pair: i for i, pair in enumerate(merges)}
-        self.lower = self.strip_accents = False
-        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = map(vocab.get,
-                                                                               BPE_SPECIALS)
 
     def bpe(self, word):
-        """A pre-token -> ids (cached): join each adjacent pair of the lowest rank, until none is a
-        merge."""
+        """A pre-token -> ids (cached): join adjacent pairs of the lowest rank while one merges."""
         ids = self._cache.get(word)
         if ids is not None:
             return ids
@@ -184,7 +187,8 @@ class BPETokenizer(Tokenizer):
             best = min(zip(parts, parts[1:]), key=lambda pair: self.ranks.get(pair, math.inf))
             if best not in self.ranks:
                 break
-            joined, i = [], 0
+            joined = []
+            i = 0
             while i < len(parts):  # every occurrence, left to right [GPT-2 encoder.py]
                 pair = i + 1 < len(parts) and (parts[i], parts[i + 1]) == best
                 joined.append(parts[i] + parts[i + 1] if pair else parts[i])
@@ -195,19 +199,10 @@ class BPETokenizer(Tokenizer):
             self._cache[word] = ids
         return ids
 
-    def encode(self, text, max_len=None):
-        """text -> <s> ids </s>, at most max_len tokens (<s> and </s> counted), </s> kept."""
-        ids, limit = [self.cls_id], math.inf if max_len is None else max_len - 1
-        chunks = _BPE_SPECIAL_SPLIT.split(text) if "<" in text else [text]
-        for i, chunk in enumerate(chunks):
-            if chunk in BPE_SPECIALS:
-                ids.append(self.vocab[chunk])  # special-token strings in the text are kept [HF]
-                continue
-            if chunks[i + 1:i + 2] == ["<mask>"]:
-                chunk = chunk.rstrip()  # <mask> takes the spaces before it (lstrip) [HF RoBERTa]
-            for word in gpt2_pattern().findall(chunk):
-                ids += self.bpe(word)
-        return ids[:limit] + [self.sep_id] if len(ids) > limit else ids + [self.sep_id]
+    def encode_text(self, text, after):  # after: the special token that follows, if any
+        if after == ["<mask>"]:
+            text = text.rstrip()  # <mask> takes the spaces before it (lstrip) [HF RoBERTa]
+        return [i for word in gpt2_pattern().findall(text) for i in self.bpe(word)]
 
 
 def pad_ids(id_lists, pad_id, width=None):
@@ -338,7 +333,11 @@ class Bert(nn.Module):
         states = [x]
         for i, layer in enumerate(self.layers):
             states.append(layer(states[-1], attn_mask, cls_only and i == len(self.layers) - 1))
-        return states if all_layers else states[-1][:, 0] if cls_only else states[-1]
+        if all_layers:
+            return states
+        if cls_only:
+            return states[-1][:, 0]  # [B, H]
+        return states[-1]
 
     def forward(self, ids, mask, cls_only=False):  # ids, mask [B, L] -> [B, L, H], or [B, H]
         return self.encode(self.embed(ids), mask, cls_only=cls_only)
@@ -380,7 +379,8 @@ def epoch_batches(data, tok, cfg, start, total):
     """ids, mask [B, C, L] on the CPU for steps start+1..total: the rows shuffled afresh each epoch
     from the seed and the epoch (a resumed run draws the same), full batches only [official:
     drop_last]. --compile pads every batch to max_len, so that every step has one shape."""
-    per_epoch, width = len(data) // cfg.batch_size, cfg.max_len if cfg.compile else None
+    per_epoch = len(data) // cfg.batch_size
+    width = cfg.max_len if cfg.compile else None
     for step in range(start, total):
         epoch, position = divmod(step, per_epoch)
         if position == 0 or step == start:
@@ -422,7 +422,8 @@ def encode_sentences(model, tok, sentences, pooler="cls", batch_size=128, id_lis
     id_lists = id_lists or [tok.encode(s, model.cfg.max_tokens) for s in sentences]
     # longest first: each batch pads little, the dev evaluation 1.76x as fast [docs/speed.md]
     order = sorted(range(len(id_lists)), key=lambda i: -len(id_lists[i]))
-    device, was_training = next(model.parameters()).device, model.training
+    device = next(model.parameters()).device
+    was_training = model.training
     model.eval()
     out = torch.empty(len(id_lists), model.cfg.hidden_size)
     with torch.inference_mode():
@@ -434,7 +435,8 @@ def encode_sentences(model, tok, sentences, pooler="cls", batch_size=128, id_lis
             else:
                 states = model.encode(model.embed(ids), mask, all_layers=True)
                 out[idx] = pool(states, mask, pooler).float().cpu()
-            progress and progress(start + len(idx), len(order))
+            if progress:
+                progress(start + len(idx), len(order))
     model.train(was_training)
     return out
 
@@ -454,7 +456,8 @@ def evaluate_sts(model, tok, root, mode="test", pooler="cls", batch_size=128, ta
     """Spearman x 100 per task as the papers report it, plus details (Pearson, subsets, 'mean',
     'wmean'). Each distinct sentence is encoded once. STS12-16 report 'all', the subsets joined
     into one Spearman [SimCSE's SentEval fork]; STS-B, SICK-R the mode's split (dev: SICK trial)."""
-    start, tasks = time.time(), tasks or load_sts(root, mode)  # Part 2 reads SentEval's files
+    start = time.time()
+    tasks = tasks or load_sts(root, mode)  # Part 2 reads SentEval's files
     unique = sorted({s for subs in tasks.values() for a, b, _ in subs.values() for s in a + b})
     index = {s: i for i, s in enumerate(unique)}
     vectors = encode_sentences(model, tok, unique, pooler, batch_size, progress=progress)  # [N, H]
@@ -502,22 +505,18 @@ def uniformity(x):  # x [N, H] -> log E exp(-2 ||x_i - x_j||^2) over pairs i != 
     return ((k.sum() - k.diagonal().sum()) / (n * (n - 1))).log().item()
 
 
-def distinct_indices(sentences):
-    """The first index of each distinct sentence: uniformity counts a repeated sentence once."""
-    first = {}
-    for i, s in enumerate(sentences):
-        first.setdefault(s, i)
-    return sorted(first.values())
-
-
 class DevSet:
     """STS-B dev, tokenized once at the model's length (max_len: its positions): the score that
     picks the best step in training [SimCSE App. B]."""
 
     def __init__(self, tok, root, max_len):
         a, b, self.gold = load_sts(root, "dev")["STSBenchmark"]["dev"]
-        self.tok, self.ids = tok, [tok.encode(s, max_len) for s in a + b]
-        self.distinct = distinct_indices(a + b)
+        self.tok = tok
+        self.ids = [tok.encode(s, max_len) for s in a + b]
+        first = {}  # sentence -> its first index: uniformity counts a repeated sentence once
+        for i, s in enumerate(a + b):
+            first.setdefault(s, i)
+        self.distinct = sorted(first.values())
 
 
 def evaluate_dev(model, dev, progress=None):
@@ -525,7 +524,7 @@ def evaluate_dev(model, dev, progress=None):
     and uniformity (distinct sentences) of the same vectors [Wang & Isola 2020]."""
     vectors = encode_sentences(model, dev.tok, None, "cls", 256, dev.ids, progress)  # [3k, H]
     distinct = vectors[dev.distinct].to(next(model.parameters()).device)  # the model's device
-    a, b = vectors[:len(dev.gold)], vectors[len(dev.gold):]  # [1500, H] each
+    a, b = vectors.chunk(2)  # [1500, H] each: the first and the second sentence of each pair
     positive = torch.as_tensor(dev.gold > POSITIVE_GOLD)  # [1500] bool
     return {"stsb_dev": float(100 * scipy.stats.spearmanr(cosine(a, b), dev.gold)[0]),
             "align": alignment(a[positive], b[positive]),
@@ -547,7 +546,8 @@ class MixedPrecision:
     gradient scaler, as the official --fp16 runs do [HF Trainer]; bf16 needs none (Part 2 picks)."""
 
     def __init__(self, name, device):
-        self.name, self.device_type = name, device.type  # name: bf16, fp16 or fp32
+        self.name = name  # bf16, fp16 or fp32
+        self.device_type = device.type
         self.scaler = torch.amp.GradScaler(device.type, enabled=name == "fp16")  # else a no-op
 
     def autocast(self):
@@ -648,8 +648,7 @@ class AllGather(torch.autograd.Function):
 
 
 # ==================================================================================================
-# Part 2: operations, safe to skip when learning: files, downloads, input checks, resumable runs,
-# torchrun. They make the project safe and pleasant to run; Part 1 calls them by name.
+# Part 2: operations, safe to skip when learning, one guarantee a section (docs/reliability.md).
 # ==================================================================================================
 import argparse
 import datetime
@@ -658,17 +657,24 @@ import gc
 import hashlib
 import http.client
 import inspect
+import itertools
+import json
 import os
 import shutil
 import signal
 import stat
+import sys
 import tarfile
 import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
 import warnings
+from pathlib import Path
 
+
+# --- Errors: one line and an exit status, never a traceback ---------------------------------------
+# A user's mistake is one line on stderr and a non-zero exit status; a crash keeps its traceback.
 
 class UserError(Exception):
     """A problem with the user's input: one line on stderr, exit status 2, no traceback."""
@@ -689,14 +695,37 @@ class TrainingStopped(UserError):
     exit_code = 3
 
 
-def skipped_steps(opt, sched):
-    """The steps fp16 skipped because a gradient overflowed: the schedule counts every step,
-    AdamW only those it took. Read when logged, never per step: no host sync [issue 30]."""
-    taken = opt.state.get(opt.param_groups[0]["params"][0], {}).get("step", 0)
-    return sched.last_epoch - int(taken)  # the first parameter: the word embeddings, always used
+def main_guard(fn, *args):
+    """Run a command-line entry point: a UserError is one line on stderr and its exit status (2),
+    never a traceback. Under torchrun the process group ends after a normal return."""
+    # a Spearman of constant input (a collapsed model, one gold score) is NaN: logged, never best
+    warnings.filterwarnings("ignore", category=scipy.stats.ConstantInputWarning)
+    # fp16: a first step skipped for overflow still steps the schedule, as HF Trainer 4.2 does
+    warnings.filterwarnings("ignore", re.escape("Detected call of `lr_scheduler.step()` before"))
+    try:
+        result = fn(*args)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise
+        print(f"error: no room to write {e.filename or 'a file'} ({e.strerror}): the disk or quota "
+              f"is full; what was saved before is intact: free space, then run again or --resume",
+              file=sys.stderr)
+        sys.exit(2)
+    except UserError as e:
+        if e.exit_code == 0:  # --resume of a finished run: said once, not an error
+            leave_distributed()
+        if e.exit_code or os.environ.get("RANK", "0") == "0":  # before the process group
+            print(f"error: {e}" if e.exit_code else e, file=sys.stderr)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    leave_distributed()  # on an error torchrun stops every process
+    return result
 
 
-# --- Files: atomic writes, JSON, safetensors ----------------------------------------------------
+# --- Files: atomic writes, UTF-8, JSON, safetensors -----------------------------------------------
+# A file is whole or absent; text is UTF-8 or one line; a hostile safetensors header allocates none.
 
 UMASK = os.umask(0o022)  # read it (the only way is to set it) and put it back
 os.umask(UMASK)
@@ -728,12 +757,24 @@ def write_json(path, obj, indent=2):
         json.dump(obj, f, indent=indent, allow_nan=False)
 
 
+def read_utf8(path, error=UserError):
+    """A UTF-8 text file, or one line (an `error`) saying where its first bad byte is. Every text
+    file is read here: the data, vocab.txt, merges.txt, JSON, SentEval's files [SentEval: utf8]."""
+    raw = Path(path).read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise error(f"{path} is not UTF-8 (line {line}, byte {e.start}); convert it, e.g. "
+                    f"iconv -t UTF-8") from None
+
+
 def read_json(path, what):
     """A JSON file, or a one-line CheckpointError saying what is wrong with it."""
     if not Path(path).is_file():
         raise CheckpointError(f"{what} ({path}) is missing")
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
+        return json.loads(read_utf8(path, CheckpointError))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise CheckpointError(f"{what} ({path}) is not valid JSON ({type(e).__name__})") from None
 
@@ -751,28 +792,35 @@ def read_safetensors(path):
         raise CheckpointError(f"{path} is missing or not a file")
     data = Path(path).read_bytes()  # 8 bytes: the header's size, the JSON header, the tensors
     n = int.from_bytes(data[:8], "little")
-    if len(data) < 8 or n > min(len(data) - 8, 100_000_000):  # the safetensors library's limit
-        raise bad(f"{len(data)} bytes, too short to hold the 8-byte header size (truncated?)"
-                  if len(data) < 8 else f"the header claims {n} bytes but the file has "
-                  f"{len(data) - 8} after the size field (truncated?)")
-    body, spans, end = memoryview(data)[8 + n:], {}, 0
+    if len(data) < 8:
+        raise bad(f"{len(data)} bytes, too short to hold the 8-byte header size (truncated?)")
+    if n > min(len(data) - 8, 100_000_000):  # the safetensors library's limit
+        raise bad(f"the header claims {n} bytes but the file has {len(data) - 8} after the size "
+                  f"field (truncated?)")
+    body = memoryview(data)[8 + n:]
+    spans = {}
+    end = 0  # where the next tensor must start
     try:
         header = json.loads(data[8:8 + n].decode("utf-8"))
         header.pop("__metadata__", None)
         for name, info in sorted(header.items(), key=lambda item: item[1]["data_offsets"]):
-            (lo, hi), dtype, shape = info["data_offsets"], DTYPES[info["dtype"]], info["shape"]
+            lo, hi = info["data_offsets"]
+            dtype = DTYPES[info["dtype"]]
+            shape = info["shape"]
             if not (type(shape) is list and len(shape) <= 64 and lo == end and all(
                     type(d) is int and 0 <= d < 2**62 for d in [*shape, lo, hi]) and
                     hi - lo == math.prod(shape) * dtype.itemsize):
                 raise bad(f"tensor {name[:80]!r}: dtype, shape or data offsets {repr(info)[:120]} "
                           f"do not follow on at byte {end} of the {len(body)} data bytes")
-            spans[name], end = (lo, hi, dtype, shape), hi
+            spans[name] = (lo, hi, dtype, shape)
+            end = hi
     except (UnicodeDecodeError, ValueError, RecursionError, TypeError, KeyError,
             AttributeError) as e:
         raise bad(f"the header is not a JSON object of tensors ({type(e).__name__})") from None
-    if end != len(body):
-        raise bad(f"the tensors span {end} data bytes but the file holds {len(body)}" +
-                  " (truncated?)" * (end > len(body)))
+    if end > len(body):
+        raise bad(f"the tensors span {end} data bytes but the file holds {len(body)} (truncated?)")
+    if end < len(body):
+        raise bad(f"the tensors span {end} data bytes but the file holds {len(body)}")
     return {name: torch.frombuffer(bytearray(body[lo:hi]), dtype=dtype).reshape(shape) if hi > lo
             else torch.empty(shape, dtype=dtype) for name, (lo, hi, dtype, shape) in spans.items()}
 
@@ -780,7 +828,8 @@ def read_safetensors(path):
 def write_safetensors(path, tensors, metadata=None):
     """{name: tensor} -> a .safetensors file (header padded to 8 bytes), written atomically."""
     tensors = {k: t.detach().contiguous().cpu() for k, t in tensors.items()}
-    names, offset = {v: k for k, v in DTYPES.items()}, 0
+    names = {v: k for k, v in DTYPES.items()}
+    offset = 0
     header = {"__metadata__": {"format": "pt", **(metadata or {})}}
     for name, t in tensors.items():
         size = t.numel() * t.element_size()
@@ -795,7 +844,8 @@ def write_safetensors(path, tensors, metadata=None):
             f.write(t.reshape(-1).view(torch.uint8).numpy().tobytes())
 
 
-# --- Hugging Face model folders: files, config, weights, names ----------------------------------
+# --- Hugging Face model folders: read and saved ---------------------------------------------------
+# Loaded with every tensor as config.json says, or one line; saved as transformers loads it.
 
 MODEL_FILES = ("config.json", "vocab.txt", "vocab.json", "merges.txt", "tokenizer_config.json",
                "model.safetensors", "pytorch_model.bin")  # what loading a model folder reads
@@ -825,13 +875,9 @@ def folder_problem(folder):
 
 def read_vocab(folder):
     """A folder's vocab.txt (token -> line number) and tokenizer_config.json ({} if absent)."""
-    try:
-        text = (folder / "vocab.txt").read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CheckpointError(f"{folder} has no vocab.txt: not a BERT (WordPiece) model "
-                              f"folder") from None
-    except UnicodeDecodeError as e:
-        raise CheckpointError(f"{folder}/vocab.txt is not UTF-8 (byte {e.start})") from None
+    if not (folder / "vocab.txt").is_file():
+        raise CheckpointError(f"{folder} has no vocab.txt: not a BERT (WordPiece) model folder")
+    text = read_utf8(folder / "vocab.txt", CheckpointError)
     vocab = {line.rstrip("\r"): i for i, line in enumerate(text.removesuffix("\n").split("\n"))}
     if any(t not in vocab for t in SPECIAL_TOKENS):
         raise CheckpointError(f"{folder}/vocab.txt lacks BERT's special tokens {SPECIAL_TOKENS}")
@@ -852,10 +898,7 @@ def read_bpe(folder):
         raise CheckpointError(f"{folder}/vocab.json is not a JSON object of token -> id")
     if any(t not in vocab for t in BPE_SPECIALS):
         raise CheckpointError(f"{folder}/vocab.json lacks RoBERTa's special tokens {BPE_SPECIALS}")
-    try:
-        lines = (folder / "merges.txt").read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise CheckpointError(f"{folder}/merges.txt is not UTF-8 (byte {e.start})") from None
+    lines = read_utf8(folder / "merges.txt", CheckpointError).splitlines()
     merges = [tuple(line.split(" ")) for line in lines if line and not line.startswith("#version")]
     bad = next((i for i, m in enumerate(merges) if len(m) != 2 or "".join(m) not in vocab), None)
     if bad is not None:
@@ -916,7 +959,8 @@ def read_config(folder):
         raise CheckpointError(f"{folder}: model_type {kind!r}: only BERT/DistilBERT/RoBERTa with "
                               f"GELU and learned absolute positions is supported")
     cfg = BertConfig(**{f.name: hf[f.name] for f in dataclasses.fields(BertConfig) if f.name in hf})
-    cfg.model_type, values = kind, dataclasses.asdict(cfg)
+    cfg.model_type = kind
+    values = dataclasses.asdict(cfg)
     bad = [k for k, v in values.items() if k.endswith(("_size", "_layers", "_heads", "_embeddings"))
            and not (type(v) is int and v >= (k != "type_vocab_size"))]  # 0 types: DistilBERT
     bad += [k for k, v in values.items() if k.endswith(("_prob", "_eps")) and not (
@@ -983,7 +1027,8 @@ def hf_name(name, kind="bert"):
 def rename_checkpoint(tensors, model_type, expected, mlm_head):
     """Checkpoint tensors -> (state_dict in our names, unused keys); every tensor of `expected` (our
     names: shapes, dtypes) filled, else a CheckpointError naming the missing or mismatched ones."""
-    state, unused = {}, set()
+    state = {}
+    unused = set()
     ours = {hf_name(k, model_type): k for k in expected}
     words = next((v for k, v in tensors.items() if k.endswith("embeddings.word_embeddings.weight")),
                  None)
@@ -1002,10 +1047,12 @@ def rename_checkpoint(tensors, model_type, expected, mlm_head):
             unused.add(key)
     missing = [k for k in expected if k not in state]
     if missing:
-        hint = " (the checkpoint has no masked-LM head: a masked language model is needed here, " \
-               "e.g. distilbert-base-uncased)" if all(k.startswith("mlm.") for k in missing) else ""
+        hint = ""
+        if all(k.startswith("mlm.") for k in missing):
+            hint = (" (the checkpoint has no masked-LM head: a masked language model is needed "
+                    "here, e.g. distilbert-base-uncased)")
         raise CheckpointError(f"checkpoint is missing {len(missing)} tensors{hint}: "
-                              f"{', '.join(missing[:8])}" + (" ..." if len(missing) > 8 else ""))
+                              f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
     bad = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in expected.items()
            if state[k].shape != v.shape]
     if bad:
@@ -1024,8 +1071,9 @@ def note_unused(folder, unused):
     _NOTED.add(key)
     heads = all(re.match(r"(bert\.|roberta\.)?(pooler|cls|lm_head|vocab_\w+)\.", k)
                 for k in unused)  # BERT's pooler and MLM/NSP heads, RoBERTa's, DistilBERT's
-    why = " (pretraining heads: sentence vectors are the raw [CLS]; each method trains its own " \
-          "head)" if heads else ""
+    why = ""
+    if heads:
+        why = " (pretraining heads: the raw [CLS] is the vector; each method trains its own head)"
     print(f"{folder.name}{why}: not used from the checkpoint: {', '.join(key[1:])}",
           file=sys.stderr)
 
@@ -1039,11 +1087,16 @@ OUTPUTS = ("log.txt", "checkpoint.pt", "results.json", *SAVED)  # what a run wri
 def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
     """A folder that BertModel (RobertaModel) and sentence-transformers (CLS pooling) load with our
     vectors."""
-    folder, cfg, mlm = Path(folder), model.cfg, model.mlm is not None
+    folder = Path(folder)
+    cfg = model.cfg
+    mlm = model.mlm is not None
     kind = "roberta" if cfg.model_type == "roberta" else "bert"  # DistilBERT is saved as BERT
     (folder / "1_Pooling").mkdir(parents=True, exist_ok=True)
-    tensors = {f"{kind}." * (mlm and not n.startswith("mlm.")) + hf_name(n, kind): t.to(dtype)
-               for n, t in model.state_dict().items()}  # *ForMaskedLM keys with an MLM head
+    prefix = f"{kind}." if mlm else ""  # *ForMaskedLM keys: bert.<encoder>, cls.* as they are
+    tensors = {}
+    for n, t in model.state_dict().items():
+        name = hf_name(n, kind) if n.startswith("mlm.") else prefix + hf_name(n, kind)
+        tensors[name] = t.to(dtype)
     if mlm and kind == "roberta":  # transformers 4.x ties RoBERTa's MLM bias from this copy
         tensors["lm_head.decoder.bias"] = tensors["lm_head.bias"]
     write_safetensors(folder / "model.safetensors", tensors)
@@ -1051,7 +1104,8 @@ def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
     specials = {f"{n}_token": t for n, t in zip("pad unk cls sep mask".split(),
                                                 BPE_SPECIALS if bpe else SPECIAL_TOKENS)}
     strip = None if tokenizer.strip_accents == tokenizer.lower else tokenizer.strip_accents
-    st, arch = "sentence_transformers.models.", "Roberta" if kind == "roberta" else "Bert"
+    st = "sentence_transformers.models."
+    arch = "Roberta" if kind == "roberta" else "Bert"
     tokenizer_config = {"tokenizer_class": "RobertaTokenizer", "add_prefix_space": False,
                         "bos_token": "<s>", "eos_token": "</s>"} if bpe else {
         "tokenizer_class": "BertTokenizer", "do_lower_case": tokenizer.lower,
@@ -1085,7 +1139,8 @@ def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
         f.write("".join(token + "\n" for token in lines))
 
 
-# --- Resolving and downloading models and data --------------------------------------------------
+# --- Resolving and downloading models and data ----------------------------------------------------
+# A name means one folder to the checks and the loading; a download is whole (as the hub states).
 
 HF_ENDPOINT = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
 CACHE = Path(os.environ.get("SIMCSE_CACHE") or Path.home() / ".cache" / "simcse-min").expanduser()
@@ -1114,27 +1169,38 @@ def hub_snapshot(name):
     """The complete snapshot of `name` that the Hugging Face cache's refs/main names (else any
     complete one), or None: models--org--name/snapshots/<commit>/ [huggingface_hub]."""
     repo = hub_cache() / ("models--" + str(name).replace("/", "--"))  # no glob: '*' is itself
-    ref, snapshots = repo / "refs" / "main", repo / "snapshots"
+    ref = repo / "refs" / "main"
+    snapshots = repo / "snapshots"
     commits = [ref.read_text().strip()] if ref.is_file() else []
     commits += sorted(p.name for p in snapshots.iterdir()) if snapshots.is_dir() else []
     return next((snapshots / c for c in commits if c and not folder_problem(snapshots / c)), None)
 
 
-def resolve_model(name_or_dir, flag="--model"):
-    """A local folder, else the Hugging Face cache, else our cache, else a known name downloaded."""
-    if Path(name_or_dir).expanduser().is_dir():
-        return Path(name_or_dir).expanduser()
-    ours, files = CACHE / "models" / str(name_or_dir), KNOWN_MODELS.get(str(name_or_dir))
+def find_model(name_or_dir, flag="--model"):
+    """(folder, files to download first): a local folder, else the Hugging Face cache, else our
+    cache, else a known name's files. The checks and the loading both ask here: they agree."""
+    folder = Path(name_or_dir).expanduser()
+    if folder.is_dir():
+        return folder, []
     cached = hub_snapshot(name_or_dir)
-    if cached or files and all((ours / f).exists() for f in files):
-        return cached or ours
+    if cached:
+        return cached, []
+    files = KNOWN_MODELS.get(str(name_or_dir))
     if files is None:
         raise UserError(f"{flag or 'the name'} {name_or_dir!r} is neither a folder nor a known "
                         f"name ({', '.join(KNOWN_MODELS)}); pass a Hugging Face model folder"
-                        + HOW_TO_GET.get(flag, ""))
-    for f in files:
-        download(f"{HF_ENDPOINT}/{name_or_dir}/resolve/main/{f}", ours / f, flag=flag)
-    return ours
+                        f"{HOW_TO_GET.get(flag, '')}")
+    ours = CACHE / "models" / str(name_or_dir)
+    missing = [f for f in files if not (ours / f).exists()]
+    return ours, files if missing else []  # all of them: as before a partial download
+
+
+def resolve_model(name_or_dir, flag="--model"):
+    """The model's folder (find_model), its files downloaded first if they are not there yet."""
+    folder, to_download = find_model(name_or_dir, flag)
+    for f in to_download:
+        download(f"{HF_ENDPOINT}/{name_or_dir}/resolve/main/{f}", folder / f, flag=flag)
+    return folder
 
 
 class _StayOnTheHub(urllib.request.HTTPRedirectHandler):
@@ -1177,8 +1243,10 @@ def download(url, dest, expected_sha256=None, flag=None):
     """url -> dest with a progress line, resuming a .part file, checking the size and SHA-256 the
     hub states (or expected_sha256). A failed download leaves no empty folder; a cut one keeps its
     .part, and the same command resumes it."""
-    dest, part = Path(dest), Path(f"{dest}.part")
-    created, total = [p for p in dest.parents if not p.exists()], None
+    dest = Path(dest)
+    part = Path(f"{dest}.part")
+    created = [p for p in dest.parents if not p.exists()]  # removed again if left empty
+    total = None  # the size the hub states, once asked
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # SIMCSE_CACHE a file, a read-only disk
@@ -1193,7 +1261,11 @@ def download(url, dest, expected_sha256=None, flag=None):
             raise OSError("short read")
     except urllib.error.HTTPError as e:
         code = e.headers.get("X-Error-Code")
-        why = f" ({code}: {HUB_ERRORS[code]})" if code in HUB_ERRORS else f" ({code})" * bool(code)
+        why = ""
+        if code in HUB_ERRORS:
+            why = f" ({code}: {HUB_ERRORS[code]})"
+        elif code:
+            why = f" ({code})"
         raise UserError(f"download of {url} failed: HTTP {e.code} {e.reason}{why}") from None
     except urllib.error.URLError as e:
         how = f"pass its path with {flag}" if flag else f"put it at {dest}"
@@ -1220,7 +1292,8 @@ def fetch(url, part, have, name):
         url, headers={"Range": f"bytes={have}-"} if have else {}), timeout=60)
     with response, open(part, "ab" if response.status == 206 else "wb") as f:
         done = have if response.status == 206 else 0  # else the server ignored the range
-        total, shown = done + int(response.headers.get("Content-Length", 0)), 0
+        total = done + int(response.headers.get("Content-Length", 0))
+        shown = 0  # when the progress line was last shown
         while chunk := response.read(1 << 20):
             f.write(chunk)
             done += len(chunk)
@@ -1240,29 +1313,52 @@ def sha256_file(path):
     return h.hexdigest()
 
 
-def resolve_data(path, flag="--data"):
-    """A local file, else a known SimCSE file (wiki1m.txt: wiki1m_for_simcse.txt) fetched once."""
+def known_data(path):
+    """The SimCSE file a bare name means (wiki1m.txt: wiki1m_for_simcse.txt), else None."""
     p = Path(path).expanduser()
     name = DATA_ALIASES.get(p.name, p.name)
-    if p.exists() or name not in KNOWN_DATA or p.parent != Path("."):
+    return name if name in KNOWN_DATA and p.parent == Path(".") else None
+
+
+def resolve_data(path, flag="--data"):
+    """A local file, else a known SimCSE file from our cache, downloaded once."""
+    p = Path(path).expanduser()
+    name = known_data(p)
+    if p.exists() or name is None:
         return p
     cached = CACHE / "data" / name
-    print(f"note: no {path} here: using SimCSE's {name} from {cached.parent}"
-          + ("" if cached.exists() else " (downloading it once)"), file=sys.stderr)
-    return cached if cached.exists() else download(f"{HF_ENDPOINT}/{KNOWN_DATA[name]}", cached,
-                                                   flag=flag)
+    once = "" if cached.exists() else " (downloading it once)"
+    print(f"note: no {path} here: using SimCSE's {name} from {cached.parent}{once}",
+          file=sys.stderr)
+    if cached.exists():
+        return cached
+    return download(f"{HF_ENDPOINT}/{KNOWN_DATA[name]}", cached, flag=flag)
 
+
+def load_model(run, flag="--model", mlm_head=False):
+    """Tokenizer and Bert.from_pretrained of the flag's model, on the CPU (--dropout applies to
+    --model's). Rank 0 downloads it once, the others read what it wrote."""
+    with rank0_first(f"the model of {flag}"):
+        folder = resolve_model(getattr(run.cfg, flag[2:]), flag)
+    dropout = run.cfg.dropout if flag == "--model" else None
+    model = Bert.from_pretrained(folder, mlm_head, dropout, quiet=run.rank > 0)
+    check_positions(model, run.cfg.max_len, flag=flag)  # --max_len against the model
+    return Tokenizer.from_pretrained(folder), model
+
+
+# --- SentEval's files: senteval.tar and the STS files ---------------------------------------------
+# SentEval's files read as SentEval reads them; a missing, cut or unsafe one is one line.
 
 SENTEVAL_TASKS = ("STS", "SICK",  # the STS table; then the transfer tasks [SentEval]
                   "CR", "MPQA", "MR", "MRPC", "SST", "SUBJ", "TREC")
 
 
 def download_senteval(dest=None, flag="--senteval"):
-    """SimCSE's senteval.tar (once) -> dest/downstream/{STS,SICK,CR,...}. Its members sit at the
-    top (STS/..., SICK/...: the official script untars it inside SentEval/data/downstream); a tar
-    re-packed with them under a downstream/ folder works too. Members that would land outside
-    dest, and links, refuse the archive."""
-    dest, tar_path = Path(dest or CACHE / "senteval"), CACHE / "data" / "senteval.tar"
+    """SimCSE's senteval.tar (once) -> dest/downstream/{STS,SICK,CR,...}: its members at the top
+    (the official script untars it in SentEval/data/downstream) or under downstream/. A member
+    that would land outside dest, or a link, refuses the archive."""
+    dest = Path(dest or CACHE / "senteval")
+    tar_path = CACHE / "data" / "senteval.tar"
     if not tar_path.is_file():  # a whole file: download() renames it into place at the end
         download(f"{HF_ENDPOINT}/{KNOWN_DATA['senteval.tar']}", tar_path, flag=flag)
     dest.mkdir(parents=True, exist_ok=True)
@@ -1286,7 +1382,8 @@ def download_senteval(dest=None, flag="--senteval"):
 
 def unpack_task_file(tar, member, root):
     """A member of senteval.tar in a task folder we read -> root/TASK/..., the rest skipped."""
-    parts, refuse = Path(member.name).parts, f"{tar.name}: member {member.name!r} "
+    parts = Path(member.name).parts
+    refuse = f"{tar.name}: member {member.name!r} "
     if member.name.startswith("/") or ".." in parts:
         raise UserError(refuse + "would land outside its folder: refusing this archive")
     task = next((i for i, p in enumerate(parts)
@@ -1301,17 +1398,17 @@ def unpack_task_file(tar, member, root):
         shutil.copyfileobj(src, f)
 
 
-def senteval_root(path):
-    """The SentEval 'downstream' folder a --senteval path names (the folder or its downstream/)."""
-    p = Path(path).expanduser()
-    return p / "downstream" if (p / "downstream").is_dir() else p
-
-
 def resolve_senteval(path, mode="test"):
-    """The given SentEval folder, else ./SentEval/data/downstream or our cache, else a download."""
-    for root in [senteval_root(path)] if path else [Path("SentEval/data/downstream"),
-                                                   CACHE / "senteval" / "downstream"]:
-        if path or root.is_dir():
+    """The given SentEval folder (or its downstream/), else ./SentEval/data/downstream or our
+    cache, else a download."""
+    if path:
+        root = Path(path).expanduser()
+        if (root / "downstream").is_dir():
+            root = root / "downstream"
+        check_senteval(root, mode)
+        return root
+    for root in (Path("SentEval/data/downstream"), CACHE / "senteval" / "downstream"):
+        if root.is_dir():
             check_senteval(root, mode)
             return root
     print("no SentEval data given (--senteval): downloading SimCSE's senteval.tar once",
@@ -1339,9 +1436,9 @@ def load_sts_subset(root, year, subset):
     """(sentences A, B, gold) of one STS12-16 subset; pairs with an empty gold score dropped."""
     folder = Path(root) / "STS" / f"{year}-en-test"
     with malformed_file(folder / f"STS.{{input,gs}}.{subset}.txt"):  # one line naming it
-        lines = (folder / f"STS.input.{subset}.txt").read_text().splitlines()
+        lines = read_utf8(folder / f"STS.input.{subset}.txt").splitlines()
         pairs = [r.split("\t") for r in lines]
-        gold = (folder / f"STS.gs.{subset}.txt").read_text().splitlines()
+        gold = read_utf8(folder / f"STS.gs.{subset}.txt").splitlines()
         if len(gold) != len(pairs):  # SentEval's not_empty_idx then fails: never score fewer
             raise ValueError(f"{len(pairs)} sentence pairs but {len(gold)} gold scores")
         keep = [i for i, g in enumerate(gold) if g != ""]  # not_empty_idx [official SentEval]
@@ -1353,7 +1450,7 @@ def load_sts_split(root, task, split):
     """STS-B (score in column 4, sentences 5-6) or SICK-R (a header; sentences 1-2, score 3)."""
     path = Path(root) / SPLIT_FILES[task][split]
     with malformed_file(path):
-        lines = path.read_text().splitlines()
+        lines = read_utf8(path).splitlines()
         rows = [r.strip().split("\t") for r in (lines if task == "STSBenchmark" else lines[1:])]
         a, b, y = (5, 6, 4) if task == "STSBenchmark" else (1, 2, 3)
         return scored([_joined(r[a]) for r in rows], [_joined(r[b]) for r in rows],
@@ -1382,8 +1479,9 @@ def check_senteval(root, mode="test"):
     files = TRANSFER_FILES if mode == "transfer" else sts_files(mode)
     missing = [f for f in files if not (Path(root) / f).is_file()]
     if missing:
+        more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
         raise UserError(f"SentEval folder {root} is incomplete: missing {', '.join(missing[:4])}"
-                        + f" and {len(missing) - 4} more" * (len(missing) > 4) + f"; {fix}")
+                        f"{more}; {fix}")
 
 
 @contextlib.contextmanager
@@ -1396,7 +1494,8 @@ def malformed_file(path):
                         f"get a fresh copy with `python common.py download senteval`") from None
 
 
-# --- Devices, precision, input checks -----------------------------------------------------------
+# --- Devices, precision, input checks -------------------------------------------------------------
+# Every flag and input checked before any work, one line naming the flag; no device swapped.
 
 def resolve_device(name):
     """'auto' -> cuda, mps or cpu; a device asked for but absent is an error, never a fallback."""
@@ -1489,30 +1588,30 @@ def path_problem(path, folder=False):
         mode = os.stat(path).st_mode
     except OSError as e:
         return "is a symlink loop" if e.errno == errno.ELOOP else "does not exist"
-    if stat.S_ISDIR(mode) or folder:
-        return "" if stat.S_ISDIR(mode) == folder else "is a file, not a folder" if folder else \
-            "is a directory; pass a text file with one sentence per line"
+    if folder:
+        return "" if stat.S_ISDIR(mode) else "is a file, not a folder"
+    if stat.S_ISDIR(mode):
+        return "is a directory; pass a text file with one sentence per line"
     return "" if stat.S_ISREG(mode) else "is not a regular file (a FIFO, device or socket)"
 
 
 def check_data(path):
     """A data file that is missing, not a regular file or too big (known SimCSE files: fetched)."""
     p = Path(path).expanduser()
-    known = DATA_ALIASES.get(p.name, p.name) in KNOWN_DATA and p.parent == Path(".")
-    why = "" if known and not os.path.lexists(p) else path_problem(p)
-    if not why and p.exists() and p.stat().st_size > MAX_DATA_BYTES:
-        why = f"is {p.stat().st_size / 2**30:.0f} GiB, over the {MAX_DATA_BYTES >> 30} GiB read " \
-              f"into memory; split it"
+    if known_data(p) and not os.path.lexists(p):
+        return  # fetched when the run starts
+    why = path_problem(p)
+    if not why and p.stat().st_size > MAX_DATA_BYTES:
+        why = (f"is {p.stat().st_size / 2**30:.0f} GiB, over the {MAX_DATA_BYTES >> 30} GiB read "
+               f"into memory; split it")
     if why:
         raise UserError(f"data file {p} {why}")
 
 
 def check_model(name, flag):
-    """A model that is neither a usable folder nor a name we can fetch."""
-    folder, known = Path(name).expanduser(), str(name) in KNOWN_MODELS or hub_snapshot(name)
-    why = folder_problem(folder) if folder.is_dir() else "" if known else \
-        f"is neither a folder nor a known name ({', '.join(KNOWN_MODELS)})" + \
-        HOW_TO_GET.get(flag, "")
+    """A model that is neither a usable folder nor a name we can fetch (find_model): one line."""
+    folder, to_download = find_model(name, flag)
+    why = "" if to_download else folder_problem(folder)
     if why:
         raise UserError(f"{flag} {name} {why}")
 
@@ -1554,17 +1653,13 @@ def check_positions(model, max_len, extra=0, flag="--model"):
                         f"of the {flag[2:]} ({flag}): lower --max_len")
 
 
+# --- Training data: text and CSV, tokenized once, a cache on disk ---------------------------------
+# Training data read as UTF-8 text or CSV, tokenized once; its cache keyed by content, checked.
+
 def read_text(path):
-    """A UTF-8 text file (a byte-order mark dropped); a one-line error for anything unusable."""
+    """A data file's text, checked first (check_data), a byte-order mark dropped."""
     check_data(path)
-    path = Path(path).expanduser()
-    raw = path.read_bytes()
-    try:
-        return raw.decode("utf-8").removeprefix("\ufeff")
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        raise UserError(f"{path} is not UTF-8 (line {line}, byte {e.start}); convert it, e.g. "
-                        f"iconv -t UTF-8") from None
+    return read_utf8(Path(path).expanduser()).removeprefix("\ufeff")
 
 
 def read_lines(path):
@@ -1576,6 +1671,8 @@ def read_lines(path):
 
 
 MAX_SENTENCE_CHARS = 10_000  # [impl] longer ones are cut: 512 tokens fit ~10x over, and a stray
+
+
 # megabyte-long line (a file without newlines) would take minutes; training keeps max_len anyway
 
 
@@ -1606,67 +1703,11 @@ def read_training_data(path):
     return [tuple(s[:MAX_SENTENCE_CHARS] for s in r) for r in rows] if cut else rows
 
 
-class Progress:
-    """progress(done, total) -> a line on stderr: in place on a terminal (erased at the end: what
-    follows says it), else one every PROGRESS_EVERY seconds (a log, and its last); rank 0 only."""
-
-    def __init__(self, what, unit="sentences encoded"):
-        self.what, self.unit, self.start = what, unit, time.time()
-        self.shown, self.tty = self.start, sys.stderr.isatty()
-
-    def __call__(self, done, total):
-        now, last = time.time(), done >= total
-        due = now - self.shown >= (0.5 if self.tty else PROGRESS_EVERY)
-        if world()[0] > 0 or not (last or due):
-            return
-        spent, long = now - self.start, self.shown > self.start  # long: a line was shown
-        eta = "done" if last else f"eta {spent / max(done, 1) * (total - done):.0f} s"
-        line = f"{self.what}: {done:,}/{total:,} {self.unit} | {spent:.0f} s | {eta}"
-        self.shown = now
-        if self.tty:
-            print("\r" + (line if not last else "") + "\033[K", end="", file=sys.stderr, flush=True)
-        elif not last or long:
-            print(line, file=sys.stderr, flush=True)
-
-
-PROGRESS_EVERY = 10.0  # seconds between progress lines in a log (not a terminal)
-
-
-def main_guard(fn, *args):
-    """Run a command-line entry point: a UserError is one line on stderr and its exit status (2),
-    never a traceback. Under torchrun the process group ends after a normal return."""
-    # a Spearman of constant input (a collapsed model, one gold score) is NaN: logged, never best
-    warnings.filterwarnings("ignore", category=scipy.stats.ConstantInputWarning)
-    # fp16: a first step skipped for overflow still steps the schedule, as HF Trainer 4.2 does
-    warnings.filterwarnings("ignore", re.escape("Detected call of `lr_scheduler.step()` before"))
-    try:
-        result = fn(*args)
-    except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            raise
-        print(f"error: no room to write {e.filename or 'a file'} ({e.strerror}): the disk or quota "
-              f"is full; what was saved before is intact: free space, then run again or --resume",
-              file=sys.stderr)
-        sys.exit(2)
-    except UserError as e:
-        if e.exit_code == 0:  # --resume of a finished run: said once, not an error
-            leave_distributed()
-        if e.exit_code or os.environ.get("RANK", "0") == "0":  # before the process group
-            print(f"error: {e}" if e.exit_code else e, file=sys.stderr)
-        sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
-    leave_distributed()  # on an error torchrun stops every process
-    return result
-
-
-# --- Corpus tokenization: a flat int32 array, a cache on disk ----------------------------------
-
 def tokenize_corpus(tok, texts, max_len=None):
     """Sentences -> id lists, with a progress line on a large corpus. One process: a pool of workers
     saved about 1 % on a 48k-line file, no parallel gain on 2 cores [docs/speed.md]."""
-    progress, out = Progress("corpus", "sentences tokenized"), []
+    progress = Progress("corpus", "sentences tokenized")
+    out = []
     for i in range(0, len(texts), 10_000):
         out += [tok.encode(t, max_len) for t in texts[i:i + 10_000]]
         progress(len(out), len(texts))
@@ -1698,7 +1739,8 @@ def tokenizer_sha256(tok):
 def tokenize_file(tok, path, max_len):
     """A training file tokenized once, cached on disk by its content, the vocabulary and max_len (a
     repeat run's set-up: 2.2x as fast [docs/speed.md]) -> (TokenizedRows, seconds, cache hit?)."""
-    start, path = time.time(), Path(path)
+    start = time.time()
+    path = Path(path)
     check_data(path)  # before hashing it (a FIFO would hang); read_text checks it too
     digest = sha256_file(path)
     key = f"{digest} {path.suffix} {tokenizer_sha256(tok)} {max_len}"
@@ -1717,7 +1759,8 @@ def tokenize_file(tok, path, max_len):
         print(f"note: the token cache {cached} is unreadable ({type(e).__name__}): tokenizing "
               f"again", file=sys.stderr)
     rows = read_training_data(path)
-    cols, ids = len(rows[0]), tokenize_corpus(tok, [s for r in rows for s in r], max_len)
+    cols = len(rows[0])
+    ids = tokenize_corpus(tok, [s for r in rows for s in r], max_len)
     empty = {i // cols for i, x in enumerate(ids) if len(x) <= 2}  # only [CLS] [SEP] left
     if empty:
         print(f"note: {len(empty)} row(s) of {path} hold no token once cleaned (only control or "
@@ -1733,217 +1776,30 @@ def tokenize_file(tok, path, max_len):
     return data, time.time() - start, False
 
 
-# --- Resumable runs: out_dir, checkpoint.pt, Ctrl-C and SIGTERM ---------------------------------
-# out_dir/checkpoint.pt is one state dict: step, config, the objects train() names in `checkpointed`
-# (model, heads, optimizer, scheduler, a method's own state such as ESimCSE's queue), the best
-# state, the histories and every RNG state as tensors, written atomically (a crash at any moment
-# leaves the previous checkpoint whole) and read back with weights_only=True.
+def load_data(run, tok, one_column=False):
+    """The training file, tokenized once ([CLS] and [SEP] in max_len) and cached on disk."""
+    with rank0_first("the training data, tokenized"):  # rank 0 writes the token cache
+        data, seconds, hit = tokenize_file(tok, resolve_data(run.cfg.data), run.cfg.max_len)
+    run.data_sha256 = data.sha256  # a --resume must find the same data
+    run.n_rows = len(data)
+    run.tokenizer_sha256 = tokenizer_sha256(tok)  # and the same tokenizer
+    if one_column and data.cols != 1:
+        raise UserError(f"{run.cfg.data} has {data.cols} columns: {run.method} is "
+                        f"unsupervised, one sentence a line (supervised: simcse_min.py)")
+    run.log(f"data {run.cfg.data}: {len(data)} rows x {data.cols} column(s), "
+            + ("read from the token cache" if hit else "tokenized") + f" in {seconds:.1f}s")
+    run.log("evaluation: STS-B dev Spearman; align/uniform: alignment (dev pairs, gold > 4) "
+            "and uniformity (distinct dev sentences) of the same [CLS] vectors")
+    return data
 
-class Run:
-    """A training run's operations, which train() calls by name: inputs checked, out_dir and its
-    lock, log.txt, the data, checkpoints, Ctrl-C/SIGTERM, torchrun. The loop stays in train()."""
 
-    progress = Progress  # run.progress("STS test"): a progress line for a long evaluation
-
-    def __init__(self, cfg, script, models=("model",)):
-        method = Path(script).stem.removesuffix("_min")  # simcse, esimcse, simcsepp or diffcse
-        self.cfg, self.method, self.log_lines = cfg, method, []  # the log waits for start()
-        self.out = out_dir_of(cfg, method)
-        self.out_existed, self.lock = self.out.is_dir(), lock_folder(self.out)  # before any check
-        self.resumed = read_resumed_run(cfg, method)  # --resume: the checkpoint; its cfg into cfg
-        cfg.out_dir = str(self.out)
-        self.device = init_distributed(resolve_device(cfg.device))  # under torchrun: this rank's
-        self.rank, self.world_size = world()
-        check_inputs(cfg, models, self.world_size)  # the first bad flag or input: one line
-        check_writes_no_input("--out_dir", [self.out, *(self.out / n for n in OUTPUTS)],
-                              [cfg.data, cfg.senteval, *(getattr(cfg, f) for f in models)])
-        check_compile(cfg.compile, self.device)
-        torch.manual_seed(cfg.seed + self.rank)  # dropout; data order and views have their own RNGs
-        self.signal, self.first_step = 0, 0
-        procs = f" x {self.world_size} processes" if self.world_size > 1 else ""
-        self.log(f"{method} | {script} sha256 {sha256_file(script)[:16]} | torch "
-                 f"{torch.__version__} | {self.device}{procs}")
-        self.log("config " + json.dumps(dataclasses.asdict(cfg)))
-        precision, why = choose_precision(cfg.precision, self.device)
-        self.amp = MixedPrecision(precision, self.device)
-        self.log(f"precision {precision}: {why}")
-        with rank0_first("the SentEval data"):  # rank 0 downloads, the others read what it wrote
-            self.senteval = resolve_senteval(cfg.senteval)
-        load_sts(self.senteval, "test")  # parsed now: a malformed test file fails before training
-        self.dev_history, self.stats_history, self.align_uniform = [], [], []
-        self.started = self.last_print = time.time()
-
-    def log(self, msg):
-        """Print, and append to out_dir/log.txt (held back until start() opens out_dir). Rank 0."""
-        if self.rank == 0:
-            print(msg, flush=True)
-            if self.log_lines is not None:
-                return self.log_lines.append(msg)
-            self.log_file.write(msg + "\n")
-            self.log_file.flush()
-
-    def load_model(self, flag="--model", mlm_head=False):
-        """Tokenizer and Bert.from_pretrained of the flag's model, on the CPU (--dropout applies to
-        --model's). Rank 0 downloads it once, the others read what it wrote."""
-        with rank0_first(f"the model of {flag}"):
-            folder = resolve_model(getattr(self.cfg, flag[2:]), flag)
-        dropout = self.cfg.dropout if flag == "--model" else None
-        model = Bert.from_pretrained(folder, mlm_head, dropout, quiet=self.rank > 0)
-        check_positions(model, self.cfg.max_len, flag=flag)  # --max_len against the model
-        return Tokenizer.from_pretrained(folder), model
-
-    def load_data(self, tok, one_column=False):
-        """The training file, tokenized once ([CLS] and [SEP] in max_len) and cached on disk."""
-        with rank0_first("the training data, tokenized"):  # rank 0 writes the token cache
-            data, seconds, hit = tokenize_file(tok, resolve_data(self.cfg.data), self.cfg.max_len)
-        self.data_sha256, self.n_rows = data.sha256, len(data)  # a --resume must find the same
-        self.tokenizer_sha256 = tokenizer_sha256(tok)  # and the same tokenizer
-        if one_column and data.cols != 1:
-            raise UserError(f"{self.cfg.data} has {data.cols} columns: {self.method} is "
-                            f"unsupervised, one sentence a line (supervised: simcse_min.py)")
-        self.log(f"data {self.cfg.data}: {len(data)} rows x {data.cols} column(s), "
-                 + ("read from the token cache" if hit else "tokenized") + f" in {seconds:.1f}s")
-        self.log("evaluation: STS-B dev Spearman; align/uniform: alignment (dev pairs, gold > 4) "
-                 "and uniformity (distinct dev sentences) of the same [CLS] vectors")
-        return data
-
-    def compile(self, model):
-        """--compile: torch.compile the encoder in place (its batches are padded to max_len)."""
-        if self.cfg.compile:  # Module.compile keeps parameter names; model.encode stays eager
-            mode = "reduce-overhead" if self.device.type == "cuda" else None  # CUDA graphs
-            model.compile(mode=mode, dynamic=False)  # SimCSE++'s dropout-off pass: static too
-            self.log("compiled the encoder (torch.compile): the first steps include compiling it")
-        return model
-
-    def start(self, checkpointed, total):
-        """Open out_dir, catch Ctrl-C/SIGTERM -> (0, {}), or the --resume step and its stats."""
-        self.total = total
-        step, stats = restore_checkpoint(self, checkpointed) if self.resumed else (0, {})
-        self.opt, self.sched = checkpointed["opt"], checkpointed["sched"]  # for skipped_steps
-        open_out_dir(self)
-        catch_signals(self)
-        return step, stats
-
-    def ddp(self, module):
-        """DistributedDataParallel under torchrun (gradients averaged); else the module itself."""
-        if self.world_size == 1:
-            return module
-        ids = [self.device.index] if self.device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(module, device_ids=ids)
-
-    def log_progress(self, step, stats):
-        """A progress line about every 10 seconds between evaluations."""
-        if time.time() - self.last_print > 10:
-            rate = (step - self.first_step) / (time.time() - self.started)
-            self.last_print = time.time()
-            self.log(f"step {step}/{self.total} | {self.format_stats(stats)} | {rate:.2f} "
-                     f"steps/s | eta {(self.total - step) / rate / 60:.1f} min")
-
-    def format_stats(self, stats):  # "loss 0.1234 | rtd 0.5678"; no training yet: "loss -"
-        """fp16 adds "| skipped 2": the steps skipped so far because a gradient overflowed."""
-        text = " | ".join(f"{k} {float(v):.4f}" for k, v in stats.items()) or "loss -"
-        fp16 = self.amp.scaler.is_enabled()
-        return text + (f" | skipped {skipped_steps(self.opt, self.sched)}" if fp16 else "")
-
-    def log_dev(self, step, dev, stats, best):
-        """The dev evaluation's line in the log, and its place in results.json's histories."""
-        self.dev_history.append([step, round(dev["stsb_dev"], 4)])
-        self.align_uniform.append([step, round(dev["align"], 6), round(dev["uniform"], 6)])
-        self.stats_history.append([step, {k: float(v) for k, v in stats.items()}])
-        seconds, steps = time.time() - self.started, step - self.first_step
-        pace = f"{1000 * seconds / steps:.0f} ms/step" if steps else f"start-up {seconds:.1f} s"
-        self.log(f"step {step} | {self.format_stats(stats)} | stsb_dev {dev['stsb_dev']:.2f} "
-                 f"| align {dev['align']:.4f} uniform {dev['uniform']:.4f} | best "
-                 f"{best['dev']:.2f} @ {best['step']} | {pace}")
-
-    def finish(self, test, best, stopped=""):
-        """The test table logged, results.json in out_dir beside the saved model, the run released
-        (rank 0); `stopped` (a non-finite loss): then TrainingStopped, exit status 3."""
-        if stopped:
-            self.log(stopped)
-        self.log(format_table(test))
-        results = {"method": self.method, "config": dataclasses.asdict(self.cfg),
-                   "dev_history": self.dev_history, "stats_history": self.stats_history,
-                   "align_uniform": self.align_uniform, "align_uniform_on": "STS-B dev",
-                   "best_step": best["step"], "best_dev": round(best["dev"], 4),
-                   "test": {k: round(v, 4) for k, v in test.items() if k != "details"},
-                   "test_details": test["details"],
-                   "train_seconds": round(time.time() - self.started, 1),
-                   **({"stopped": stopped} if stopped else {})}
-        write_json(self.out / "results.json", results)
-        (self.out / "checkpoint.pt").unlink(missing_ok=True)
-        self.log(f"best stsb_dev {best['dev']:.2f} @ step {best['step']}; model and "
-                 f"results.json in {self.out}")
-        self.release()
-        if stopped:
-            raise TrainingStopped(f"{stopped}; the best model (step {best['step']}) is in "
-                                  f"{self.out}")
-        return results
-
-    def release(self):
-        """The end of a run on every rank: signal handlers as they were before catch_signals,
-        out_dir unlocked -> {}. Also when collected: a run refused after its lock (in tests)."""
-        for s, h in getattr(self, "old_handlers", {}).items():
-            signal.signal(s, h)
-        self.old_handlers = {}
-        if getattr(self, "lock", None) is not None:
-            os.close(self.lock)
-        if getattr(self, "log_file", None):
-            self.log_file.close()
-        self.lock = self.log_file = None
-        return {}
-    __del__ = release
-
-    def signal_received(self, step):
-        """The Ctrl-C/SIGTERM caught so far (0: none) by any rank: under torchrun all stop
-        together, agreeing every 10 steps (each agreement makes the CPU wait for the GPU)."""
-        if self.world_size > 1 and step % 10 == 0:
-            flag = torch.tensor([self.signal], device=self.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            self.signal = int(flag)
-        return self.signal
-
-    def save_checkpoint(self, step, checkpointed, stats):
-        """out_dir/checkpoint.pt (rank 0): all it takes to continue after `step` as if never
-        stopped: the objects in `checkpointed` (model, heads, optimizer, best state...), RNGs,
-        histories."""
-        if self.rank > 0:  # the other ranks hold the same state
-            return
-        self.saving = True  # a second signal waits for the checkpoint to be whole
-        try:
-            state = {"format": 5, "method": self.method, "step": step, "total": self.total,
-                     "rows": self.n_rows, "data_sha256": self.data_sha256, "rng": rng_states(),
-                     "tokenizer_sha256": self.tokenizer_sha256,
-                     "device": self.device.type, "config": dataclasses.asdict(self.cfg),
-                     "stats": {k: float(v) for k, v in stats.items()},
-                     "objects": {k: state_of(v) for k, v in checkpointed.items() if v is not None},
-                     "histories": [self.dev_history, self.stats_history, self.align_uniform]}
-            with atomic_write(self.out / "checkpoint.pt", "wb") as f:
-                try:
-                    torch.save(state, f)
-                except RuntimeError as e:  # torch's zip writer says a short write (disk full) so
-                    if "unexpected pos" not in str(e) and "failed writing" not in str(e):
-                        raise
-                    raise OSError(errno.ENOSPC, "a write fell short") from e
-        finally:
-            self.saving = False
-        self.log(f"step {step} | checkpoint saved in {self.out / 'checkpoint.pt'}")
-
-    def exit_on_signal(self, step):
-        """Say how to continue, then exit 128 + signal (the checkpoint of `step` is saved)."""
-        self.log(f"{signal.Signals(self.signal).name} at step {step}: " + (
-            f"checkpoint saved; continue with --resume {self.out}" if step else
-            "stopped before training"))
-        self.release()
-        sys.exit(128 + self.signal)
-
+# --- out_dir: a lock, exclusive creation, a log never written through a link ----------------------
+# Two runs never share an out_dir; nothing is written there before the inputs pass.
 
 def lock_folder(out):
-    """flock on the folder itself, held for the run: taken before out_dir is checked, so two runs
-    started together cannot both pass the check, and renaming a file inside lets no second run in.
-    Released by release(), when the run is collected, or when the process ends (a crash cannot
-    leave it stuck) -> its file descriptor, or None (no folder yet: open_out_dir makes it; not
-    POSIX)."""
+    """flock on the folder itself, taken before out_dir is checked (two runs started together
+    cannot both pass) and held until release() or the process ends (a crash leaves no stale lock)
+    -> its descriptor, or None (no folder yet: open_out_dir makes it; not POSIX)."""
     try:
         import fcntl
     except ImportError:
@@ -1960,11 +1816,20 @@ def lock_folder(out):
     return fd
 
 
+def out_dir_of(cfg, method):
+    """The run's folder: --resume's (or its checkpoint.pt's), else --out_dir, else runs/METHOD."""
+    if cfg.resume:
+        out = Path(cfg.resume).expanduser()
+        return out.parent if out.name == "checkpoint.pt" else out
+    return Path(cfg.out_dir or f"runs/{method}").expanduser()
+
+
 def open_out_dir(run):
     """Create out_dir (one this run found absent: exclusively, then lock it), clear what was left
     there (a killed write's temporary files; --overwrite: the old run's outputs), start log.txt
     (never through a link) with the log so far. Before this a bad input leaves no file."""
-    lines, run.log_lines = run.log_lines, None
+    lines = run.log_lines
+    run.log_lines = None  # from now on log() writes to log.txt
     if run.rank > 0:
         return
     if not run.out_existed:
@@ -1994,6 +1859,9 @@ def open_out_dir(run):
     run.log_file.flush()
 
 
+# --- Resumable runs: checkpoint.pt, Ctrl-C and SIGTERM --------------------------------------------
+# A resumed run continues as the uninterrupted one would; a signal stops it with a checkpoint.
+
 def read_resumed_run(cfg, method):
     """--resume DIR -> DIR/checkpoint.pt, its configuration copied into cfg (a flag given now that
     contradicts it is an error); None without --resume. RunFinished if DIR's run has finished."""
@@ -2013,7 +1881,8 @@ def read_resumed_run(cfg, method):
     if ckpt.get("method") != method:
         raise UserError(f"--resume {cfg.resume} holds a {ckpt.get('method')} run, not {method}")
     for f in dataclasses.fields(cfg):  # device, precision, SentEval folder, save_every may change
-        given, saved = getattr(cfg, f.name), ckpt["config"].get(f.name, f.default)
+        given = getattr(cfg, f.name)
+        saved = ckpt["config"].get(f.name, f.default)
         if type(saved) is not type(f.default) and {type(saved), type(f.default)} != {int, float}:
             raise CheckpointError(f"{out / 'checkpoint.pt'}: its config has {f.name}={saved!r}, "
                                   f"not a {type(f.default).__name__}")
@@ -2025,14 +1894,6 @@ def read_resumed_run(cfg, method):
                             f"run keeps its configuration (leave the flag out)")
         setattr(cfg, f.name, saved)
     return ckpt
-
-
-def out_dir_of(cfg, method):
-    """The run's folder: --resume's (or its checkpoint.pt's), else --out_dir, else runs/METHOD."""
-    if cfg.resume:
-        out = Path(cfg.resume).expanduser()
-        return out.parent if out.name == "checkpoint.pt" else out
-    return Path(cfg.out_dir or f"runs/{method}").expanduser()
 
 
 def load_checkpoint(path):
@@ -2094,27 +1955,27 @@ def rng_states():
 
 
 def set_rng_states(states, device, seed):
-    """The inverse of rng_states -> a note, or '' if the generators `device` draws from are as they
-    were. Saved where more GPUs were visible: the others' states are not needed. A CUDA generator
-    with no saved state (saved on the CPU or fewer GPUs) is seeded from `seed` instead."""
+    """The inverse of rng_states -> '' or a note: a GPU with no saved state (saved on the CPU or
+    on fewer GPUs) draws from `seed` (the same resume draws the same, a new run would not)."""
     torch.set_rng_state(states["torch"])
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for i, state in enumerate(states["cuda"][:visible]):
         torch.cuda.set_rng_state(state, i)
-    if device.type != "cuda" or (torch.cuda.current_device() if device.index is None else
-                                 device.index) < len(states["cuda"]):
+    if device.type != "cuda":
         return ""
-    torch.cuda.manual_seed(seed)  # deterministic: the same resume draws the same masks
-    return (f"the checkpoint holds {len(states['cuda'])} GPU generator state(s), none for "
-            f"{device}: its dropout masks are drawn from seed {seed} (reproducible, but not the "
-            f"masks of an uninterrupted run)")
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index < len(states["cuda"]):
+        return ""
+    torch.cuda.manual_seed(seed)
+    return (f"{len(states['cuda'])} GPU generator state(s) saved, none for {device}: its dropout "
+            f"is drawn from seed {seed}")
 
 
 def restore_checkpoint(run, checkpointed):
-    """Every object in `checkpointed` (the best state among them), the histories and the RNGs
-    back as they were after the checkpoint's step: the continued run is the uninterrupted one ->
-    (that step, its stats)."""
-    ckpt, path = run.resumed, run.out / "checkpoint.pt"
+    """Every object in `checkpointed` (the best state too), the histories and the RNGs back as they
+    were after the checkpoint's step -> (that step, its stats)."""
+    ckpt = run.resumed
+    path = run.out / "checkpoint.pt"
     if ckpt.get("data_sha256") != run.data_sha256:
         raise UserError(f"--resume {run.out}: the data file {run.cfg.data} changed since the run "
                         f"started (its SHA-256 differs); resume with the data it was started on")
@@ -2125,7 +1986,8 @@ def restore_checkpoint(run, checkpointed):
     if (ckpt.get("rows"), ckpt.get("total")) != (run.n_rows, run.total):
         raise UserError(f"--resume {run.out}: the data has {run.n_rows} rows / {run.total} steps "
                         f"now but {ckpt.get('rows')} / {ckpt.get('total')} in the checkpoint")
-    seed, was = run.cfg.seed + 1000 * ckpt.get("step", 0), ckpt.get("device")  # for reseeding
+    seed = run.cfg.seed + 1000 * ckpt.get("step", 0)  # for what must be reseeded
+    was = ckpt.get("device")
     notes = [f"saved on {was}, continued on {run.device.type}: the arithmetic and random draws "
              f"differ from an uninterrupted run's"] if was != run.device.type else []
     try:  # every value checked here, before any training: a bad one is one line, not a traceback
@@ -2161,6 +2023,32 @@ def restore_checkpoint(run, checkpointed):
     return ckpt["step"], ckpt.get("stats", {})  # the stats of that step: its evaluation logs them
 
 
+def save_checkpoint(run, step, checkpointed, stats):
+    """out_dir/checkpoint.pt (rank 0): all it takes to continue after `step` as if never stopped:
+    the objects in `checkpointed` (model, heads, optimizer, best state...), RNGs, histories."""
+    if run.rank > 0:  # the other ranks hold the same state
+        return
+    run.saving = True  # a second signal waits for the checkpoint to be whole
+    try:
+        state = {"format": 5, "method": run.method, "step": step, "total": run.total,
+                 "rows": run.n_rows, "data_sha256": run.data_sha256, "rng": rng_states(),
+                 "tokenizer_sha256": run.tokenizer_sha256,
+                 "device": run.device.type, "config": dataclasses.asdict(run.cfg),
+                 "stats": {k: float(v) for k, v in stats.items()},
+                 "objects": {k: state_of(v) for k, v in checkpointed.items() if v is not None},
+                 "histories": [run.dev_history, run.stats_history, run.align_uniform]}
+        with atomic_write(run.out / "checkpoint.pt", "wb") as f:
+            try:
+                torch.save(state, f)
+            except RuntimeError as e:  # torch's zip writer says a short write (disk full) so
+                if "unexpected pos" not in str(e) and "failed writing" not in str(e):
+                    raise
+                raise OSError(errno.ENOSPC, "a write fell short") from e
+    finally:
+        run.saving = False
+    run.log(f"step {step} | checkpoint saved in {run.out / 'checkpoint.pt'}")
+
+
 def catch_signals(run):
     """Ctrl-C / SIGTERM set run.signal: the loop saves a checkpoint at the next step boundary and
     exits 128 + signal (exit_on_signal); the final evaluation and save just go on. A second one
@@ -2184,7 +2072,214 @@ def catch_signals(run):
         run.old_handlers = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
 
 
-# --- torchrun: the process group (shard, all_gather: Part 1; the DDP wrapping: Run) ----------
+def signal_received(run, step):
+    """The Ctrl-C/SIGTERM caught so far (0: none) by any rank: under torchrun all stop
+    together, agreeing every 10 steps (each agreement makes the CPU wait for the GPU)."""
+    if run.world_size > 1 and step % 10 == 0:
+        flag = torch.tensor([run.signal], device=run.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        run.signal = int(flag)
+    return run.signal
+
+
+def exit_on_signal(run, step):
+    """Say how to continue, then exit 128 + signal (the checkpoint of `step` is saved)."""
+    run.log(f"{signal.Signals(run.signal).name} at step {step}: " + (
+        f"checkpoint saved; continue with --resume {run.out}" if step else
+        "stopped before training"))
+    run.release()
+    sys.exit(128 + run.signal)
+
+
+# --- The run: the operations a train() calls, its log lines ---------------------------------------
+# One object holds a run's life; its log shows every wait and reads the GPU only when it prints.
+
+class Progress:
+    """progress(done, total) -> a line on stderr: in place on a terminal (erased at the end: what
+    follows says it), else one every PROGRESS_EVERY seconds (a log, and its last); rank 0 only."""
+
+    def __init__(self, what, unit="sentences encoded"):
+        self.what, self.unit = what, unit  # "corpus", "sentences tokenized"
+        self.start = self.shown = time.time()  # shown: when the last line was
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, done, total):
+        now = time.time()
+        last = done >= total
+        due = now - self.shown >= (0.5 if self.tty else PROGRESS_EVERY)
+        if world()[0] > 0 or not (last or due):
+            return
+        spent = now - self.start
+        long = self.shown > self.start  # a line was shown: the last one is shown too
+        eta = "done" if last else f"eta {spent / max(done, 1) * (total - done):.0f} s"
+        line = f"{self.what}: {done:,}/{total:,} {self.unit} | {spent:.0f} s | {eta}"
+        self.shown = now
+        if self.tty:
+            print("\r" + (line if not last else "") + "\033[K", end="", file=sys.stderr, flush=True)
+        elif not last or long:
+            print(line, file=sys.stderr, flush=True)
+
+
+PROGRESS_EVERY = 10.0  # seconds between progress lines in a log (not a terminal)
+
+
+def skipped_steps(opt, sched):
+    """The steps fp16 skipped because a gradient overflowed: the schedule counts every step,
+    AdamW only those it took. Read when logged, never per step: no host sync [issue 30]."""
+    taken = opt.state.get(opt.param_groups[0]["params"][0], {}).get("step", 0)
+    return sched.last_epoch - int(taken)  # the first parameter: the word embeddings, always used
+
+
+def format_stats(run, stats):  # "loss 0.1234 | rtd 0.5678"; no training yet: "loss -"
+    """fp16 adds "| skipped 2": the steps skipped so far because a gradient overflowed."""
+    text = " | ".join(f"{k} {float(v):.4f}" for k, v in stats.items()) or "loss -"
+    fp16 = run.amp.scaler.is_enabled()
+    return text + (f" | skipped {skipped_steps(run.opt, run.sched)}" if fp16 else "")
+
+
+def log_progress(run, step, stats):
+    """A progress line about every 10 seconds between evaluations."""
+    if time.time() - run.last_print > 10:
+        rate = (step - run.first_step) / (time.time() - run.started)
+        run.last_print = time.time()
+        run.log(f"step {step}/{run.total} | {run.format_stats(stats)} | {rate:.2f} "
+                f"steps/s | eta {(run.total - step) / rate / 60:.1f} min")
+
+
+def log_dev(run, step, dev, stats, best):
+    """The dev evaluation's line in the log, and its place in results.json's histories."""
+    run.dev_history.append([step, round(dev["stsb_dev"], 4)])
+    run.align_uniform.append([step, round(dev["align"], 6), round(dev["uniform"], 6)])
+    run.stats_history.append([step, {k: float(v) for k, v in stats.items()}])
+    seconds = time.time() - run.started
+    steps = step - run.first_step
+    pace = f"{1000 * seconds / steps:.0f} ms/step" if steps else f"start-up {seconds:.1f} s"
+    run.log(f"step {step} | {run.format_stats(stats)} | stsb_dev {dev['stsb_dev']:.2f} "
+            f"| align {dev['align']:.4f} uniform {dev['uniform']:.4f} | best "
+            f"{best['dev']:.2f} @ {best['step']} | {pace}")
+
+
+class Run:
+    """A training run's operations, which train() calls by name: inputs checked, out_dir and its
+    lock, log.txt, the data, checkpoints, Ctrl-C/SIGTERM, torchrun. The loop stays in train().
+    Most are defined with their guarantee above: run.log_dev(...) is log_dev(run, ...)."""
+
+    progress = Progress  # run.progress("STS test"): a progress line for a long evaluation
+    log_progress = log_progress
+    log_dev = log_dev
+    format_stats = format_stats
+    save_checkpoint = save_checkpoint
+    signal_received = signal_received
+    exit_on_signal = exit_on_signal
+    load_model = load_model
+    load_data = load_data
+
+    def __init__(self, cfg, script, models=("model",)):
+        method = Path(script).stem.removesuffix("_min")  # simcse, esimcse, simcsepp or diffcse
+        self.cfg = cfg
+        self.method = method
+        self.log_lines = []  # the log waits for start()
+        self.out = out_dir_of(cfg, method)
+        self.out_existed = self.out.is_dir()
+        self.lock = lock_folder(self.out)  # before any check
+        self.resumed = read_resumed_run(cfg, method)  # --resume: the checkpoint; its cfg into cfg
+        cfg.out_dir = str(self.out)
+        self.device = init_distributed(resolve_device(cfg.device))  # under torchrun: this rank's
+        self.rank, self.world_size = world()
+        check_inputs(cfg, models, self.world_size)  # the first bad flag or input: one line
+        check_writes_no_input("--out_dir", [self.out, *(self.out / n for n in OUTPUTS)],
+                              [cfg.data, cfg.senteval, *(getattr(cfg, f) for f in models)])
+        check_compile(cfg.compile, self.device)
+        torch.manual_seed(cfg.seed + self.rank)  # dropout; data order and views have their own RNGs
+        self.signal = self.first_step = 0  # the signal caught; this process's first step
+        procs = f" x {self.world_size} processes" if self.world_size > 1 else ""
+        self.log(f"{method} | {script} sha256 {sha256_file(script)[:16]} | torch "
+                 f"{torch.__version__} | {self.device}{procs}")
+        self.log("config " + json.dumps(dataclasses.asdict(cfg)))
+        precision, why = choose_precision(cfg.precision, self.device)
+        self.amp = MixedPrecision(precision, self.device)
+        self.log(f"precision {precision}: {why}")
+        with rank0_first("the SentEval data"):  # rank 0 downloads, the others read what it wrote
+            self.senteval = resolve_senteval(cfg.senteval)
+        load_sts(self.senteval, "test")  # parsed now: a malformed test file fails before training
+        self.dev_history, self.stats_history, self.align_uniform = [], [], []
+        self.started = self.last_print = time.time()
+
+    def log(self, msg):
+        """Print, and append to out_dir/log.txt (held back until start() opens out_dir). Rank 0."""
+        if self.rank == 0:
+            print(msg, flush=True)
+            if self.log_lines is not None:
+                self.log_lines.append(msg)
+            else:
+                self.log_file.write(msg + "\n")
+                self.log_file.flush()
+
+    def compile(self, model):
+        """--compile: torch.compile the encoder in place (its batches are padded to max_len)."""
+        if self.cfg.compile:  # Module.compile keeps parameter names; model.encode stays eager
+            mode = "reduce-overhead" if self.device.type == "cuda" else None  # CUDA graphs
+            model.compile(mode=mode, dynamic=False)  # SimCSE++'s dropout-off pass: static too
+            self.log("compiled the encoder (torch.compile): the first steps include compiling it")
+        return model
+
+    def start(self, checkpointed, total):
+        """Open out_dir, catch Ctrl-C/SIGTERM -> (0, {}), or the --resume step and its stats."""
+        self.total = total
+        step, stats = restore_checkpoint(self, checkpointed) if self.resumed else (0, {})
+        self.opt, self.sched = checkpointed["opt"], checkpointed["sched"]  # for skipped_steps
+        open_out_dir(self)
+        catch_signals(self)
+        return step, stats
+
+    def ddp(self, module):
+        """DistributedDataParallel under torchrun (gradients averaged); else the module itself."""
+        if self.world_size == 1:
+            return module
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(module, device_ids=ids)
+
+    def finish(self, test, best, stopped=""):
+        """The test table logged, results.json in out_dir beside the saved model, the run released
+        (rank 0); `stopped` (a non-finite loss): then TrainingStopped, exit status 3."""
+        if stopped:
+            self.log(stopped)
+        self.log(format_table(test))
+        results = {"method": self.method, "config": dataclasses.asdict(self.cfg),
+                   "dev_history": self.dev_history, "stats_history": self.stats_history,
+                   "align_uniform": self.align_uniform, "align_uniform_on": "STS-B dev",
+                   "best_step": best["step"], "best_dev": round(best["dev"], 4),
+                   "test": {k: round(v, 4) for k, v in test.items() if k != "details"},
+                   "test_details": test["details"],
+                   "train_seconds": round(time.time() - self.started, 1),
+                   **({"stopped": stopped} if stopped else {})}
+        write_json(self.out / "results.json", results)
+        (self.out / "checkpoint.pt").unlink(missing_ok=True)
+        self.log(f"best stsb_dev {best['dev']:.2f} @ step {best['step']}; model and "
+                 f"results.json in {self.out}")
+        self.release()
+        if stopped:
+            raise TrainingStopped(f"{stopped}; the best model (step {best['step']}) is in "
+                                  f"{self.out}")
+        return results
+
+    def release(self):
+        """The end of a run on every rank: signal handlers as they were before catch_signals,
+        out_dir unlocked -> {}. Also when collected: a run refused after its lock (in tests)."""
+        for s, h in getattr(self, "old_handlers", {}).items():
+            signal.signal(s, h)
+        self.old_handlers = {}
+        if getattr(self, "lock", None) is not None:
+            os.close(self.lock)
+        if getattr(self, "log_file", None):
+            self.log_file.close()
+        self.lock = self.log_file = None
+        return {}
+    __del__ = release
+
+
+# --- torchrun: the process group (shard, all_gather: Part 1; the DDP wrapping: Run) ---------------
+# Several processes give one process's step; the others wait for rank 0, never for ever.
 
 def world():
     """(rank, number of processes); (0, 1) without a process group."""
