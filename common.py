@@ -1192,7 +1192,7 @@ def find_model(name_or_dir, flag="--model"):
                         f"{HOW_TO_GET.get(flag, '')}")
     ours = CACHE / "models" / str(name_or_dir)
     missing = [f for f in files if not (ours / f).exists()]
-    return ours, files if missing else []  # all of them: as before a partial download
+    return ours, files if missing else []  # one missing: fetch all (each checked as it comes)
 
 
 def resolve_model(name_or_dir, flag="--model"):
