@@ -9,6 +9,7 @@ Face checkpoints, batches, the STS evaluation as SentEval's, the loop pieces. Pa
     ids, mask = tok(["a man is playing a guitar .", "a woman is slicing an onion ."])  # [2, L] each
     cls = model(ids, mask)[:, 0]                                                       # [2, 768]
 """
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -308,12 +309,17 @@ class MLMHead(nn.Module):
 
 
 class Bert(nn.Module):
-    def __init__(self, cfg, mlm_head=False):
+    def __init__(self, cfg, mlm_head=False, pooler=False):
         super().__init__()
         self.cfg = cfg
+        self.name = "the model"  # from_pretrained: its folder or name, for messages
         self.embeddings = Embeddings(cfg)
         self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.num_hidden_layers))
         self.mlm = MLMHead(cfg) if mlm_head else None
+        self.pooler = None  # BERT's: tanh(dense([CLS])), `--pooler cls` [HF BertPooler]
+        if pooler:  # the checkpoint has one; a method's MLP head takes its place, saved as it
+            dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+            self.pooler = nn.Sequential(collections.OrderedDict(dense=dense, activation=nn.Tanh()))
         self.apply(self._init)
 
     @staticmethod
@@ -322,9 +328,6 @@ class Bert(nn.Module):
             nn.init.normal_(m.weight, std=0.02)
         if isinstance(m, nn.Linear):
             nn.init.zeros_(m.bias)
-
-    def embed(self, ids):  # ids [B, L] -> x [B, L, H]
-        return self.embeddings(ids)
 
     def encode(self, x, mask, all_layers=False, cls_only=False):  # x [B, L, H], mask [B, L]
         """The last layer's states [B, L, H] (all_layers: every layer's, embeddings first).
@@ -340,28 +343,20 @@ class Bert(nn.Module):
         return states[-1]
 
     def forward(self, ids, mask, cls_only=False):  # ids, mask [B, L] -> [B, L, H], or [B, H]
-        return self.encode(self.embed(ids), mask, cls_only=cls_only)
+        return self.encode(self.embeddings(ids), mask, cls_only=cls_only)
 
     def mlm_logits(self, h):  # h [B, L, H] -> [B, L, V]
         return self.mlm(h, self.embeddings.word_embeddings.weight)
-
-    def set_dropout(self, p):
-        """Override the checkpoint's hidden and attention-probability dropout."""
-        for m in self.modules():
-            if isinstance(m, nn.Dropout):
-                m.p = p
-            if isinstance(m, Layer):
-                m.attn_p = p
-        self.cfg.hidden_dropout_prob = self.cfg.attention_probs_dropout_prob = p
 
     @classmethod
     def from_pretrained(cls, name_or_dir, mlm_head=False, dropout=None, quiet=False):
         """A BERT, DistilBERT or RoBERTa folder or known name; every tensor filled [nanoGPT]."""
         cfg, state = read_weights(name_or_dir, mlm_head, quiet)  # Part 2: checked, in our names
-        model = cls(cfg, mlm_head)
+        if dropout is not None:  # the checkpoint's hidden and attention dropout overridden
+            cfg.hidden_dropout_prob = cfg.attention_probs_dropout_prob = dropout
+        model = cls(cfg, mlm_head, pooler="pooler.dense.weight" in state)
         model.load_state_dict(state, strict=True)
-        if dropout is not None:
-            model.set_dropout(dropout)
+        model.name = str(name_or_dir)
         return model
 
 
@@ -402,23 +397,27 @@ STS_YEARS = {  # task -> subsets, as SentEval reads them [official SentEval sts.
 }
 TEST_TASKS = [*STS_YEARS, "STSBenchmark", "SICKRelatedness"]
 SHORT_NAMES = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R"}
-POOLERS = ("cls", "avg", "avg_first_last", "avg_top2")
+POOLERS = ("cls", "cls_before_pooler", "avg", "avg_top2", "avg_first_last")  # [evaluation.py]
 
 
 def pool(states, mask, pooler):
     """Sentence vectors [B, H] from all layers' states ([emb, layer 1, ..., layer N], [B, L, H])."""
-    chosen = {"avg": [-1], "avg_first_last": [0, -1], "avg_top2": [-2, -1]}[pooler]  # 0: embeddings
+    chosen = {"avg": [-1], "avg_first_last": [1, -1], "avg_top2": [-2, -1]}[pooler]  # 1: layer 1
     h = sum(states[i] for i in chosen) / len(chosen)  # [B, L, H]
     m = mask.unsqueeze(-1).to(h.dtype)  # [B, L, 1]
     return (h * m).sum(1) / m.sum(1)
 
 
-def encode_sentences(model, tok, sentences, pooler="cls", batch_size=128, id_lists=None,
-                     progress=None):
-    """Vectors [N, H] (float32, CPU) in eval mode, sorted by length to cut padding; pooler cls: the
-    raw [CLS], no head (the papers' test vector). progress(done, total) after each batch."""
+def encode_sentences(model, tok, sentences, pooler="cls_before_pooler", batch_size=128,
+                     id_lists=None, progress=None):
+    """Vectors [N, H] (float32, CPU) in eval mode, sorted by length to cut padding; pooler as in
+    SimCSE's evaluation.py: cls_before_pooler the raw [CLS] (the unsupervised papers' test vector),
+    cls the model's pooler over it. progress(done, total) after each batch."""
     if pooler not in POOLERS:
         raise UserError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
+    if pooler == "cls" and model.pooler is None:
+        raise UserError(f"--pooler cls: {model.name} has no pooler (pooler.dense.* in its weights);"
+                        f" --pooler cls_before_pooler is the raw [CLS]")
     id_lists = id_lists or [tok.encode(s, model.cfg.max_tokens) for s in sentences]
     # longest first: each batch pads little, the dev evaluation 1.76x as fast [docs/speed.md]
     order = sorted(range(len(id_lists)), key=lambda i: -len(id_lists[i]))
@@ -430,10 +429,11 @@ def encode_sentences(model, tok, sentences, pooler="cls", batch_size=128, id_lis
         for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
             ids, mask = (t.to(device) for t in tok.pad([id_lists[i] for i in idx]))  # [b, L]
-            if pooler == "cls":
-                out[idx] = model(ids, mask, cls_only=True).float().cpu()
+            if pooler.startswith("cls"):
+                cls = model(ids, mask, cls_only=True)  # [b, H], the raw last-layer [CLS]
+                out[idx] = (model.pooler(cls) if pooler == "cls" else cls).float().cpu()
             else:
-                states = model.encode(model.embed(ids), mask, all_layers=True)
+                states = model.encode(model.embeddings(ids), mask, all_layers=True)
                 out[idx] = pool(states, mask, pooler).float().cpu()
             if progress:
                 progress(start + len(idx), len(order))
@@ -451,8 +451,8 @@ def score_pairs(pred, gold):
             "pearson": 100 * scipy.stats.pearsonr(pred, gold)[0], "n": len(gold)}
 
 
-def evaluate_sts(model, tok, root, mode="test", pooler="cls", batch_size=128, tasks=None,
-                 progress=None):
+def evaluate_sts(model, tok, root, mode="test", pooler="cls_before_pooler", batch_size=128,
+                 tasks=None, progress=None):
     """Spearman x 100 per task as the papers report it, plus details (Pearson, subsets, 'mean',
     'wmean'). Each distinct sentence is encoded once. STS12-16 report 'all', the subsets joined
     into one Spearman [SimCSE's SentEval fork]; STS-B, SICK-R the mode's split (dev: SICK trial)."""
@@ -519,10 +519,10 @@ class DevSet:
         self.distinct = sorted(first.values())
 
 
-def evaluate_dev(model, dev, progress=None):
-    """STS-B dev Spearman x 100 of the raw [CLS] cosines, and the alignment (pairs with gold > 4)
-    and uniformity (distinct sentences) of the same vectors [Wang & Isola 2020]."""
-    vectors = encode_sentences(model, dev.tok, None, "cls", 256, dev.ids, progress)  # [3k, H]
+def evaluate_dev(model, dev, pooler="cls_before_pooler", progress=None):
+    """STS-B dev Spearman x 100 of the test vectors' cosines, and the alignment (pairs with gold
+    > 4) and uniformity (distinct sentences) of the same vectors [Wang & Isola 2020]."""
+    vectors = encode_sentences(model, dev.tok, None, pooler, 256, dev.ids, progress)  # [3k, H]
     distinct = vectors[dev.distinct].to(next(model.parameters()).device)  # the model's device
     a, b = vectors.chunk(2)  # [1500, H] each: the first and the second sentence of each pair
     positive = torch.as_tensor(dev.gold > POSITIVE_GOLD)  # [1500] bool
@@ -932,15 +932,16 @@ def read_weights(name_or_dir, mlm_head=False, quiet=False):
     memory), so a hostile config.json allocates nothing; the vocabulary must fit the embeddings."""
     folder = resolve_model(name_or_dir)
     cfg = read_config(folder)
+    tensors = read_tensors(folder)  # with BERT's pooler, if any: --pooler cls [evaluation.py]
+    pooler = any(re.fullmatch(r"((bert|roberta)\.)?pooler\.dense\.weight", k) for k in tensors)
     with torch.device("meta"):
-        expected = Bert(cfg, mlm_head).state_dict()
-    state, unused = rename_checkpoint(read_tensors(folder), cfg.model_type, expected, mlm_head)
+        expected = Bert(cfg, mlm_head, pooler).state_dict()
+    state, unused = rename_checkpoint(tensors, cfg.model_type, expected, mlm_head)
     has_vocab = (folder / "vocab.txt").exists() or (folder / "merges.txt").exists()
     words = max(read_tokenizer_files(folder)["vocab"].values()) + 1 if has_vocab else 0
     if words > cfg.vocab_size:  # a token id past the embedding rows would fail mid-training
-        raise CheckpointError(f"{folder}: its vocabulary has {words} tokens but the embeddings "
-                              f"have {cfg.vocab_size} rows (config.json vocab_size): it mixes two "
-                              f"models")
+        raise CheckpointError(f"{folder}: its vocabulary has {words} tokens, its embeddings "
+                              f"{cfg.vocab_size} rows (config.json vocab_size): two models mixed")
     if unused and not quiet:
         note_unused(folder, unused)
     return cfg, state
@@ -1071,9 +1072,7 @@ def note_unused(folder, unused):
     _NOTED.add(key)
     heads = all(re.match(r"(bert\.|roberta\.)?(pooler|cls|lm_head|vocab_\w+)\.", k)
                 for k in unused)  # BERT's pooler and MLM/NSP heads, RoBERTa's, DistilBERT's
-    why = ""
-    if heads:
-        why = " (pretraining heads: the raw [CLS] is the vector; each method trains its own head)"
+    why = " (pretraining heads: each method trains its own)" if heads else ""
     print(f"{folder.name}{why}: not used from the checkpoint: {', '.join(key[1:])}",
           file=sys.stderr)
 
@@ -1086,7 +1085,8 @@ OUTPUTS = ("log.txt", "checkpoint.pt", "results.json", *SAVED)  # what a run wri
 
 def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
     """A folder that BertModel (RobertaModel) and sentence-transformers (CLS pooling) load with our
-    vectors."""
+    vectors; the model's pooler (a method's MLP) saved as transformers' (pooler_output), as the
+    released SimCSE models are [official simcse_to_huggingface.py]."""
     folder = Path(folder)
     cfg = model.cfg
     mlm = model.mlm is not None
@@ -2377,7 +2377,7 @@ def similarity_by_score(sims, gold):
     return groups
 
 
-def analyze_model(model, tok, root, pooler="cls", split="test", batch_size=128):
+def analyze_model(model, tok, root, pooler="cls_before_pooler", split="test", batch_size=128):
     """Alignment, uniformity, singular values and similarity by score on one STS-B split."""
     a, b, gold = load_sts_split(root, "STSBenchmark", split)
     if not ((gold >= 0) & (gold <= 5)).all():  # else no group of similarity_by_score holds any
@@ -2581,10 +2581,9 @@ def plot_similarity_by_score(models, path):
 
 
 # --- SentEval's transfer tasks: a linear classifier on frozen sentence vectors -------------------
-# What "MR 81.18" means [SimCSE App. E]: each sentence encoded once (raw [CLS], no head), a logistic
-# regression learns the labels from these frozen vectors, its L2 weight chosen by cross-validation,
-# its test accuracy reported: as SentEval does it [tools/validation.py, classifier.py]. A task's
-# fits are independent: they train side by side as one batch, each its own seed, batches, stop.
+# What "MR 81.18" means [SimCSE App. E]: a logistic regression on the frozen vectors, its L2 weight
+# chosen by cross-validation, its test accuracy reported, as SentEval does [tools/validation.py,
+# classifier.py]. A task's fits train side by side as one batch, each its own seed, batches, stop.
 
 TRANSFER_TASKS = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")
 BINARY_FILES = {"MR": ("rt-polarity.pos", "rt-polarity.neg"), "CR": ("custrev.pos", "custrev.neg"),
@@ -2741,8 +2740,8 @@ def stack(splits, device):
     return torch.cat([X, X.new_ones(len(X), 1)], 1).to(device), y, rows
 
 
-def mean_percent(scores):  # round(100 * np.mean(scores), 2), SentEval's every reported number
-    return round(100 * float(np.mean(scores)), 2)
+def mean_percent(scores):  # round(100 * np.mean(scores), 2): numpy's round, on a numpy float
+    return float(np.round(100 * np.mean(scores), 2))  # [SentEval validation.py]
 
 
 def l2_scores(X, y, fold_sets, mode):
@@ -2753,8 +2752,8 @@ def l2_scores(X, y, fold_sets, mode):
             for per_l2 in (correct / n).reshape(len(fold_sets), len(L2_GRID), -1)]
 
 
-def test_percent(w, X, y, rows):  # w [C, D + 1] -> accuracy x 100 on X[rows]
-    return mean_percent(((X[rows] @ w.T).argmax(-1) == y[rows]).cpu().numpy())
+def test_percent(w, X, y, rows):  # w [C, D + 1] -> accuracy x 100 on X[rows], Python's round
+    return round(100 * float(((X[rows] @ w.T).argmax(-1) == y[rows]).double().mean()), 2)
 
 
 def inner_kfold(splits, mode="test", device="cpu"):
@@ -2769,7 +2768,8 @@ def inner_kfold(splits, mode="test", device="cpu"):
     best_l2 = [L2_GRID[int(np.argmax(s))] for s in scores]
     w, _, _ = fit_logregs(X, y, [(rows, None, r) for (rows, _), r in zip(outer, best_l2)], mode)
     tests = [test_percent(w[i], X, y, rows) for i, (_, rows) in enumerate(outer)]
-    return round(float(np.mean([max(s) for s in scores])), 2), round(float(np.mean(tests)), 2)
+    dev, test = np.mean([max(s) for s in scores]), np.mean(tests)  # both x 100 already
+    return float(np.round(dev, 2)), float(np.round(test, 2))  # numpy's round [SentEval]
 
 
 def kfold_refit(splits, mode="test", device="cpu"):
@@ -2789,7 +2789,7 @@ def dev_split(splits, mode="test", device="cpu"):
     SplitClassifier; its refit with that weight is the same fit, same seed: reused]."""
     X, y, rows = stack(splits, device)
     w, correct, n = fit_logregs(X, y, [(rows["train"], rows["dev"], l2) for l2 in L2_GRID], mode)
-    scores = [round(100 * (c / m), 2) for c, m in zip(correct, n)]
+    scores = [round(100 * float(c / m), 2) for c, m in zip(correct, n)]  # Python's [SentEval]
     best = int(np.argmax(scores))
     return float(scores[best]), test_percent(w[best], X, y, rows["test"])
 
@@ -2799,7 +2799,7 @@ def f1_percent(y, yhat):  # the positive class's F1 x 100 [SentEval mrpc.py: skl
     return round(100 * 2 * tp / max(2 * tp + fp + fn, 1), 2)
 
 
-def evaluate_transfer(model, tok, root, mode="test", pooler="cls", batch_size=128,
+def evaluate_transfer(model, tok, root, mode="test", pooler="cls_before_pooler", batch_size=128,
                       tasks=TRANSFER_TASKS, progress=None):
     """Test accuracy x 100 per task (dev mode: the cross-validated dev accuracy), MRPC's F1 and
     each task's details, 'Avg' of the printed values [SimCSE evaluation.py --task_set transfer]."""
@@ -2903,8 +2903,8 @@ def cli(argv=None):
                                  f"({data}) or a model ({', '.join(KNOWN_MODELS)})")
     an = sub.add_parser("analyze", help="alignment/uniformity, singular values, similarity by gold "
                         "score: JSON + SVGs", **fmt)
-    pooler = ("cls: raw last-layer [CLS] (the papers' test vector); avg: mean of the last layer; "
-              "avg_first_last: mean of embedding output and last layer; avg_top2: last two layers")
+    pooler = ("as in SimCSE's evaluation.py: cls_before_pooler the raw [CLS] (unsupervised "
+              "runs'), cls the pooler on it (supervised); avg, avg_top2, avg_first_last: means")
     for p, model, pooler in ((ev, "e.g. bert-base-uncased", pooler),
                              (an, "the first point of every figure",
                               "sentence vector, as in `eval`")):
@@ -2914,7 +2914,7 @@ def cli(argv=None):
         inputs.add_argument("--senteval", default="", help="SentEval data folder (holding STS/ and "
                             "SICK/, or downstream/); empty: ./SentEval/data/downstream, else "
                             "~/.cache/simcse-min/senteval, else SimCSE's senteval.tar fetched once")
-        inputs.add_argument("--pooler", default="cls", choices=POOLERS, help=pooler)
+        inputs.add_argument("--pooler", default="cls_before_pooler", choices=POOLERS, help=pooler)
         run.add_argument("--batch_size", type=int, default=128, help="sentences per encoding batch")
         run.add_argument("--device", default="auto", help="cpu, cuda or mps; auto: cuda, else mps, "
                          "else cpu")

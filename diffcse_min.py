@@ -111,7 +111,7 @@ class Discriminator(nn.Module):
         self.head = nn.Linear(bert.cfg.hidden_size, 2)  # PyTorch's default init [official code]
 
     def forward(self, ids, mask, h):  # ids, mask [N, L], h [N, H] -> logits [N, L, 2] (1: replaced)
-        x = self.bert.embed(ids)  # [N, L, H]
+        x = self.bert.embeddings(ids)  # [N, L, H]
         x = torch.cat([h[:, None].to(x.dtype), x[:, 1:]], dim=1)  # no extra LayerNorm [official]
         return self.head(self.bert.encode(x, mask))
 
@@ -180,23 +180,23 @@ def train(cfg):
     tok, model = run.load_model()  # Tokenizer and Bert.from_pretrained(cfg.model), on the CPU
     data = run.load_data(tok, one_column=True)  # DiffCSE: unsupervised only
     dev_set = DevSet(tok, run.senteval, model.cfg.max_tokens)  # picks the best step [SimCSE]
+    pooler = "cls" if data.cols > 1 else "cls_before_pooler"  # supervised: with the MLP [official]
     model = model.to(run.device)
-    head = BNProjector(model.cfg.hidden_size).to(run.device)  # DiffCSE: the BN projector
+    model.pooler = head = BNProjector(model.cfg.hidden_size).to(run.device)  # DiffCSE: not saved
     disc = Discriminator(run.load_model()[1]).to(run.device)  # DiffCSE: its own pretrained copy
     generator = load_generator(run, tok).to(run.device)  # DiffCSE: frozen
     gen = torch.Generator(run.device).manual_seed(cfg.seed)  # DiffCSE: the masking draws
     total = total_steps(len(data), cfg)
-    params = [*model.parameters(), *head.parameters()]
+    params = [*model.parameters()]  # the head too: it is the model's pooler
     params += disc.parameters()  # DiffCSE: the discriminator trains too
     opt, sched = make_optimizer(params, cfg.lr, total, run.device)
     best, stopped = dict(dev=-math.inf, step=0, state=None), ""  # the best dev score, step, state
     # what each checkpoint holds (out_dir/checkpoint.pt), and --resume restores:
-    checkpointed = dict(model=model, head=head, opt=opt, sched=sched, amp=run.amp, best=best)
+    checkpointed = dict(model=model, opt=opt, sched=sched, amp=run.amp, best=best)
     checkpointed.update(disc=disc, gen=gen)  # DiffCSE
     run.compile(model)
     start, stats = run.start(checkpointed, total)  # 0, or the resumed step, as it was then
-    ddp_model, ddp_head = run.ddp(model), run.ddp(head)  # torchrun: gradients averaged; else as is
-    model.train(), head.train()
+    ddp_model = run.ddp(model).train()  # torchrun: gradients averaged (the head's too)
     ddp_disc = run.ddp(disc).train()  # DiffCSE
     generator.train()  # DiffCSE subtle: frozen, yet its dropout stays on [official code]
     batches, watch = epoch_batches(data, tok, cfg, start, total), LossWatch()
@@ -210,13 +210,13 @@ def train(cfg):
         if stop:
             run.exit_on_signal(step)  # exit status 128 + signal; `--resume out_dir` continues
         if run.rank == 0 and (step % cfg.eval_every == 0 or step == total):  # step 0, every, last
-            dev = evaluate_dev(model, dev_set, run.progress("STS-B dev"))  # rank 0 evaluates
+            dev = evaluate_dev(model, dev_set, pooler, run.progress("STS-B dev"))  # rank 0 alone
             keep_best(best, step, dev["stsb_dev"], model)  # in memory; the test table uses it
             run.log_dev(step, dev, stats, best)
         if step == total:
             break
         with run.amp.autocast():  # bf16 or fp16 autocast, or none (fp32)
-            loss, stats = train_step(ddp_model, ddp_head, *next(batches), cfg, ddp_disc, generator,
+            loss, stats = train_step(ddp_model, head, *next(batches), cfg, ddp_disc, generator,
                                      tok, gen)
         watch.note(loss, step + 1)  # on the device, read above: no host sync per step
         optimizer_step(loss, opt, sched, run.amp)
@@ -225,8 +225,9 @@ def train(cfg):
         return run.release()
     if best["state"] is not None:  # the end of the run: back to the best dev state [official]
         model.load_state_dict(best["state"])
-    test = evaluate_sts(model, tok, run.senteval, "test", progress=run.progress("STS test"))
-    save_pretrained(model, run.out, tok)  # a folder transformers and sentence-transformers load
+    test = evaluate_sts(model, tok, run.senteval, "test", pooler,
+                        progress=run.progress("STS test"))  # the test vector, as at dev
+    save_pretrained(model, run.out, tok)  # as the released models are [official]
     return run.finish(test, best, stopped)  # the log, results.json; stopped: exit 3
 
 

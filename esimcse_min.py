@@ -82,8 +82,8 @@ def make_views(ids, mask, dup_rate, rng, fixed=False):
 # ---- Heads
 
 class MLPHead(nn.Module):
-    """Linear(H, H) + tanh on [CLS], freshly initialised rather than BERT's NSP pooler, used in
-    training only: the test vector is the raw [CLS] [SimCSE §3 fn. 9, Table 6; mlp_only_train]."""
+    """Linear(H, H) + tanh on [CLS], new in BERT's pooler's place, saved as it. Test vector: the raw
+    [CLS] [SimCSE Table 6; mlp_only_train]; supervised, this MLP's [official run_sup_example.sh]."""
 
     def __init__(self, hidden):
         super().__init__()
@@ -151,21 +151,21 @@ def train(cfg):
     check_positions(model, cfg.max_len, extra=9)  # ESimCSE: the repeated view's 9 more tokens
     data = run.load_data(tok, one_column=True)  # ESimCSE: unsupervised only
     dev_set = DevSet(tok, run.senteval, model.cfg.max_tokens)  # picks the best step [SimCSE]
+    pooler = "cls" if data.cols > 1 else "cls_before_pooler"  # supervised: with the MLP [official]
     model = model.to(run.device)
-    head = MLPHead(model.cfg.hidden_size).to(run.device)
+    model.pooler = head = MLPHead(model.cfg.hidden_size).to(run.device)  # saved as BERT's pooler
     momentum = momentum_encoder(model) if cfg.queue_size > 0 else None  # ESimCSE: needs a queue
     total = total_steps(len(data), cfg)
-    params = [*model.parameters(), *head.parameters()]
+    params = [*model.parameters()]  # the head too: it is the model's pooler
     opt, sched = make_optimizer(params, cfg.lr, total, run.device)
     best, stopped = dict(dev=-math.inf, step=0, state=None), ""  # the best dev score, step, state
     rng, queue = random.Random(cfg.seed), collections.deque(maxlen=cfg.queue_size)  # ESimCSE
     # what each checkpoint holds (out_dir/checkpoint.pt), and --resume restores:
-    checkpointed = dict(model=model, head=head, opt=opt, sched=sched, amp=run.amp, best=best)
+    checkpointed = dict(model=model, opt=opt, sched=sched, amp=run.amp, best=best)
     checkpointed.update(momentum=momentum, queue=queue, rng=rng)  # ESimCSE
     run.compile(model)
     start, stats = run.start(checkpointed, total)  # 0, or the resumed step, as it was then
-    ddp_model, ddp_head = run.ddp(model), run.ddp(head)  # torchrun: gradients averaged; else as is
-    model.train(), head.train()
+    ddp_model = run.ddp(model).train()  # torchrun: gradients averaged (the head's too)
     batches, watch = epoch_batches(data, tok, cfg, start, total), LossWatch()
     for step in range(start, total + 1):  # step: optimizer steps done so far
         stop = run.signal_received(step)  # Ctrl-C or SIGTERM, the same on every process
@@ -177,7 +177,7 @@ def train(cfg):
         if stop:
             run.exit_on_signal(step)  # exit status 128 + signal; `--resume out_dir` continues
         if run.rank == 0 and (step % cfg.eval_every == 0 or step == total):  # step 0, every, last
-            dev = evaluate_dev(model, dev_set, run.progress("STS-B dev"))  # rank 0 evaluates
+            dev = evaluate_dev(model, dev_set, pooler, run.progress("STS-B dev"))  # rank 0 alone
             keep_best(best, step, dev["stsb_dev"], model)  # in memory; the test table uses it
             run.log_dev(step, dev, stats, best)
         if step == total:
@@ -185,7 +185,7 @@ def train(cfg):
         if step % (len(data) // cfg.batch_size) == 0:  # ESimCSE: empty each epoch [official code]
             queue.clear()
         with run.amp.autocast():  # bf16 or fp16 autocast, or none (fp32)
-            loss, stats = train_step(ddp_model, ddp_head, *next(batches), cfg, momentum, queue, rng)
+            loss, stats = train_step(ddp_model, head, *next(batches), cfg, momentum, queue, rng)
         watch.note(loss, step + 1)  # on the device, read above: no host sync per step
         optimizer_step(loss, opt, sched, run.amp)
         if momentum is not None:  # ESimCSE: θ_m <- μ·θ_m + (1 - μ)·θ, after the step
@@ -195,8 +195,9 @@ def train(cfg):
         return run.release()
     if best["state"] is not None:  # the end of the run: back to the best dev state [official]
         model.load_state_dict(best["state"])
-    test = evaluate_sts(model, tok, run.senteval, "test", progress=run.progress("STS test"))
-    save_pretrained(model, run.out, tok)  # a folder transformers and sentence-transformers load
+    test = evaluate_sts(model, tok, run.senteval, "test", pooler,
+                        progress=run.progress("STS test"))  # the test vector, as at dev
+    save_pretrained(model, run.out, tok)  # as the released models are [official]
     return run.finish(test, best, stopped)  # the log, results.json; stopped: exit 3
 
 

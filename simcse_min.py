@@ -62,8 +62,8 @@ def make_views(ids, mask):
 # ---- Heads
 
 class MLPHead(nn.Module):
-    """Linear(H, H) + tanh on [CLS], freshly initialised rather than BERT's NSP pooler, used in
-    training only: the test vector is the raw [CLS] [SimCSE §3 fn. 9, Table 6; mlp_only_train]."""
+    """Linear(H, H) + tanh on [CLS], new in BERT's pooler's place, saved as it. Test vector: the raw
+    [CLS] [SimCSE Table 6; mlp_only_train]; supervised, this MLP's [official run_sup_example.sh]."""
 
     def __init__(self, hidden):
         super().__init__()
@@ -116,18 +116,18 @@ def train(cfg):
     tok, model = run.load_model()  # Tokenizer and Bert.from_pretrained(cfg.model), on the CPU
     data = run.load_data(tok)  # the corpus tokenized before the model is on the device (cached)
     dev_set = DevSet(tok, run.senteval, model.cfg.max_tokens)  # picks the best step [SimCSE]
+    pooler = "cls" if data.cols > 1 else "cls_before_pooler"  # supervised: with the MLP [official]
     model = model.to(run.device)
-    head = MLPHead(model.cfg.hidden_size).to(run.device)
+    model.pooler = head = MLPHead(model.cfg.hidden_size).to(run.device)  # saved as BERT's pooler
     total = total_steps(len(data), cfg)
-    params = [*model.parameters(), *head.parameters()]
+    params = [*model.parameters()]  # the head too: it is the model's pooler
     opt, sched = make_optimizer(params, cfg.lr, total, run.device)
     best, stopped = dict(dev=-math.inf, step=0, state=None), ""  # the best dev score, step, state
     # what each checkpoint holds (out_dir/checkpoint.pt), and --resume restores:
-    checkpointed = dict(model=model, head=head, opt=opt, sched=sched, amp=run.amp, best=best)
+    checkpointed = dict(model=model, opt=opt, sched=sched, amp=run.amp, best=best)
     run.compile(model)
     start, stats = run.start(checkpointed, total)  # 0, or the resumed step, as it was then
-    ddp_model, ddp_head = run.ddp(model), run.ddp(head)  # torchrun: gradients averaged; else as is
-    model.train(), head.train()
+    ddp_model = run.ddp(model).train()  # torchrun: gradients averaged (the head's too)
     batches, watch = epoch_batches(data, tok, cfg, start, total), LossWatch()
     for step in range(start, total + 1):  # step: optimizer steps done so far
         stop = run.signal_received(step)  # Ctrl-C or SIGTERM, the same on every process
@@ -139,13 +139,13 @@ def train(cfg):
         if stop:
             run.exit_on_signal(step)  # exit status 128 + signal; `--resume out_dir` continues
         if run.rank == 0 and (step % cfg.eval_every == 0 or step == total):  # step 0, every, last
-            dev = evaluate_dev(model, dev_set, run.progress("STS-B dev"))  # rank 0 evaluates
+            dev = evaluate_dev(model, dev_set, pooler, run.progress("STS-B dev"))  # rank 0 alone
             keep_best(best, step, dev["stsb_dev"], model)  # in memory; the test table uses it
             run.log_dev(step, dev, stats, best)
         if step == total:
             break
         with run.amp.autocast():  # bf16 or fp16 autocast, or none (fp32)
-            loss, stats = train_step(ddp_model, ddp_head, *next(batches), cfg)
+            loss, stats = train_step(ddp_model, head, *next(batches), cfg)
         watch.note(loss, step + 1)  # on the device, read above: no host sync per step
         optimizer_step(loss, opt, sched, run.amp)
         run.log_progress(step + 1, stats)
@@ -153,8 +153,9 @@ def train(cfg):
         return run.release()
     if best["state"] is not None:  # the end of the run: back to the best dev state [official]
         model.load_state_dict(best["state"])
-    test = evaluate_sts(model, tok, run.senteval, "test", progress=run.progress("STS test"))
-    save_pretrained(model, run.out, tok)  # a folder transformers and sentence-transformers load
+    test = evaluate_sts(model, tok, run.senteval, "test", pooler,
+                        progress=run.progress("STS test"))  # the test vector, as at dev
+    save_pretrained(model, run.out, tok)  # as the released models are [official]
     return run.finish(test, best, stopped)  # the log, results.json; stopped: exit 3
 
 

@@ -66,11 +66,12 @@ def run_method(method):
     else:
         head = m.MLPHead(model.cfg.hidden_size).double()
         cfg = m.Config(dropout=0.0)
+    model.pooler = head  # as train(): the head is the model's pooler, in the model's DDP
     if method == "esimcse":
         cfg = m.Config(dropout=0.0, queue_size=12, momentum=0.9)
         extra = dict(momentum=m.momentum_encoder(model), queue=collections.deque(maxlen=12),
                      rng=random.Random(0))
-    trained = {"model": model, "head": head, **({"disc": extra["disc"]} if "disc" in extra else {})}
+    trained = {"model": model, **({"disc": extra["disc"]} if "disc" in extra else {})}
     opt, sched = common.make_optimizer([p for x in trained.values() for p in x.parameters()], LR,
                                        10, device)
     ddp = torch.nn.parallel.DistributedDataParallel if common.world()[1] > 1 else lambda x: x
@@ -82,7 +83,7 @@ def run_method(method):
                                      if p.requires_grad]
     # simcse: supervised, hard negatives
     for ids, mask in batches(tok, 3 if method == "simcse" else 1):
-        loss, _ = m.train_step(wrapped["model"], wrapped["head"], ids, mask, cfg, **args)
+        loss, _ = m.train_step(wrapped["model"], head, ids, mask, cfg, **args)
         # common.optimizer_step, with the gradients recorded between backward and clipping
         loss.backward()
         grads.append([p.grad.clone() for p in params])

@@ -117,7 +117,7 @@ def test_dev_set_align_uniform_matches_analyze_model_on_dev(tmp_path):
                 # large random weights: [CLS] vectors that differ from sentence to sentence
                 p.normal_(0, 0.5)
     dev = common.evaluate_dev(model, common.DevSet(tok, root, model.cfg.max_tokens))
-    expected = common.analyze_model(model, tok, root, "cls", "dev")
+    expected = common.analyze_model(model, tok, root, "cls_before_pooler", "dev")
     assert expected["positive_pairs"] > 0 and expected["uniformity"] < -0.1
     want = (expected["alignment"], expected["uniformity"])
     assert (dev["align"], dev["uniform"]) == pytest.approx(want, abs=1e-5)

@@ -24,7 +24,7 @@ def test_shapes_on_tiny():
     model = tiny().eval()
     ids, mask = random_ids(3, 10), torch.ones(3, 10, dtype=torch.long)
     assert model(ids, mask).shape == (3, 10, cfg.hidden_size)
-    x = model.embed(ids)
+    x = model.embeddings(ids)
     assert x.shape == (3, 10, cfg.hidden_size)
     states = model.encode(x, mask, all_layers=True)
     assert len(states) == cfg.num_hidden_layers + 1 and all(s.shape == (3, 10, cfg.hidden_size)
@@ -66,11 +66,14 @@ def test_dropout_on_in_train_off_in_eval(hidden, attention):
     assert torch.equal(model(ids, mask), model(ids, mask))
 
 
-def test_set_dropout_zero_makes_train_mode_deterministic():
-    model = tiny(attention_probs_dropout_prob=0.5).train()
+def test_dropout_zero_from_pretrained_makes_train_mode_deterministic(tmp_path):
+    words = [*common.SPECIAL_TOKENS, *(f"w{i}" for i in range(123))]  # the tiny BERT's 128
+    tok = common.Tokenizer({w: i for i, w in enumerate(words)})
+    common.save_pretrained(tiny(attention_probs_dropout_prob=0.5), tmp_path, tok)
+    model = Bert.from_pretrained(tmp_path, dropout=0.0).train()
     ids, mask = random_ids(2, 8), torch.ones(2, 8, dtype=torch.long)
-    model.set_dropout(0.0)
     assert model.cfg.hidden_dropout_prob == model.cfg.attention_probs_dropout_prob == 0.0
+    assert all(m.p == 0.0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
     a, b = model(ids, mask), model(ids, mask)
     assert torch.equal(a, b)
     torch.testing.assert_close(a, model.eval()(ids, mask), atol=1e-6, rtol=0)
@@ -84,7 +87,7 @@ def test_embed_then_encode_equals_forward(train):
     torch.manual_seed(7)
     a = model(ids, mask)
     torch.manual_seed(7)
-    b = model.encode(model.embed(ids), mask)
+    b = model.encode(model.embeddings(ids), mask)
     assert torch.equal(a, b)
 
 
@@ -110,7 +113,14 @@ def test_mlm_head_shape_and_tied_weights():
     assert W.grad[unused].abs().sum() > 0
 
 
+def masked_mean(h, mask):  # h [B, L, H] -> [B, H] over the real tokens
+    m = mask.unsqueeze(-1).to(h.dtype)
+    return (h * m).sum(1) / m.sum(1)
+
+
 def test_minilm_parity_with_hugging_face(minilm):
+    """Every layer's states as transformers' (the fixture's avg_first_last: the embedding output
+    and the last layer; evaluation.py's poolers themselves are in test_released_format.py)."""
     tok, model = minilm
     ref = np.load(FIXTURES / "minilm_ref.npz", allow_pickle=False)
     sentences = [str(s) for s in ref["sentences"]]
@@ -119,9 +129,9 @@ def test_minilm_parity_with_hugging_face(minilm):
     assert np.array_equal(ids.numpy(), ref["input_ids"]) and np.array_equal(mask.numpy(),
                                                                             ref["attention_mask"])
     with torch.inference_mode():
-        states = model.encode(model.embed(ids), mask, all_layers=True)
+        states = model.encode(model.embeddings(ids), mask, all_layers=True)
         got = {"cls": states[-1][:, 0], "mean": common.pool(states, mask, "avg"),
-               "avg_first_last": common.pool(states, mask, "avg_first_last")}
+               "avg_first_last": masked_mean((states[0] + states[-1]) / 2, mask)}  # embeddings
     diffs = {k: float((v - torch.from_numpy(ref[k])).abs().max()) for k, v in got.items()}
     print("\nMiniLM vs Hugging Face, max abs diff: " + ", ".join(f"{k} {v:.2e}" for k, v
                                                                  in diffs.items()))

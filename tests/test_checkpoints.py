@@ -28,8 +28,7 @@ HF_CONFIG = {"architectures": ["BertForPreTraining"], "model_type": "bert",
              "layer_norm_eps": 1e-12,
              "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu",
              "pad_token_id": 0, "initializer_range": 0.02}
-POOLER_NSP = {"bert.pooler.dense.weight", "bert.pooler.dense.bias", "cls.seq_relationship.weight",
-              "cls.seq_relationship.bias"}
+NSP = {"cls.seq_relationship.weight", "cls.seq_relationship.bias"}  # the pooler is loaded
 MLM_KEYS = {"cls.predictions.bias", "cls.predictions.transform.dense.weight",
             "cls.predictions.transform.dense.bias",
             "cls.predictions.transform.LayerNorm.gamma", "cls.predictions.transform.LayerNorm.beta"}
@@ -71,8 +70,8 @@ def legacy_checkpoint(c=CFG, mlm=True, seed=0):
             w, b = ("gamma", "beta") if hf.endswith("LayerNorm") else ("weight", "bias")
             put(f"bert.encoder.layer.{i}.{hf}.{w}", f"layers.{i}.{our}.weight", shape)
             put(f"bert.encoder.layer.{i}.{hf}.{b}", f"layers.{i}.{our}.bias", shape[:1])
-    put("bert.pooler.dense.weight", None, (H, H))
-    put("bert.pooler.dense.bias", None, (H,))
+    put("bert.pooler.dense.weight", "pooler.dense.weight", (H, H))  # --pooler cls
+    put("bert.pooler.dense.bias", "pooler.dense.bias", (H,))
     if mlm:
         put("cls.predictions.bias", "mlm.bias", (V,))
         put("cls.predictions.transform.dense.weight", "mlm.dense.weight", (H, H))
@@ -131,7 +130,7 @@ def test_legacy_names_fill_every_tensor(tmp_path, capsys, fmt, mlm_head):
     assert_filled(model, ours if mlm_head else {k: v for k, v in ours.items() if
                                                 not k.startswith("mlm.")})
     assert (model.mlm is not None) == mlm_head
-    assert unused_line(capsys.readouterr().err) == (POOLER_NSP if mlm_head else POOLER_NSP
+    assert unused_line(capsys.readouterr().err) == (NSP if mlm_head else NSP
                                                     | MLM_KEYS)
 
 

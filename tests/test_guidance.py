@@ -167,16 +167,18 @@ def test_the_generator_offline_says_how_to_make_one(tmp_path, monkeypatch):
 # --- noise ----------------------------------------------------------------------------------------
 
 def test_unused_pretraining_heads_are_noted_once_with_the_reason(tmp_path, capsys):
-    """DiffCSE loads its model twice (encoder and discriminator): BERT's pooler is noted once, and
-    why."""
+    """DiffCSE loads its model twice (encoder and discriminator): BERT's NSP head is noted once, and
+    why (its pooler is loaded: --pooler cls)."""
     import torch
     folder = make_model(tmp_path / "m")
     tensors = common.read_safetensors(folder / "model.safetensors")
-    tensors |= {"pooler.dense.weight": torch.zeros(32, 32), "pooler.dense.bias": torch.zeros(32)}
+    tensors |= {"cls.seq_relationship.weight": torch.zeros(2, 32),
+                "cls.seq_relationship.bias": torch.zeros(2)}
     common.write_safetensors(folder / "model.safetensors", tensors)
     common.Bert.from_pretrained(folder), common.Bert.from_pretrained(folder)
     err = [x for x in capsys.readouterr().err.splitlines() if "not used from the checkpoint" in x]
-    assert len(err) == 1 and "pretraining heads" in err[0] and "pooler.dense.bias" in err[0], err
+    assert len(err) == 1 and "pretraining heads" in err[0], err
+    assert "seq_relationship.bias" in err[0], err
 
 
 def test_analysis_output_is_ignored_by_git():

@@ -28,7 +28,7 @@ def strict_json(path):
 def test_a_dev_score_that_is_not_a_number_is_never_best(scores, world, tmp_path, monkeypatch):
     import simcse_min
     given = iter(scores)
-    monkeypatch.setattr(simcse_min, "evaluate_dev", lambda model, dev, progress=None: {
+    monkeypatch.setattr(simcse_min, "evaluate_dev", lambda model, dev, pooler, progress=None: {
         "stsb_dev": next(given), "align": 0.5, "uniform": -2.0})
     out = tmp_path / "out"
     simcse_min.train(simcse_min.Config(**world, device="cpu", batch_size=8, max_steps=4,

@@ -81,7 +81,7 @@ def test_a_later_worse_evaluation_never_replaces_the_best_model(tmp_path, monkey
     world = {k: v for k, v in make_world(tmp_path).items() if k != "generator"}
     scores, states = iter([50.0, 70.0, 60.0, 65.0]), {}
 
-    def evaluate_dev(model, dev, progress=None):
+    def evaluate_dev(model, dev, pooler, progress=None):
         states[len(states)] = {k: v.clone() for k, v in model.state_dict().items()}
         return {"stsb_dev": next(scores), "align": 0.5, "uniform": -2.0}
     monkeypatch.setattr(simcse_min, "evaluate_dev", evaluate_dev)
@@ -91,6 +91,7 @@ def test_a_later_worse_evaluation_never_replaces_the_best_model(tmp_path, monkey
                                                  out_dir=str(out)))
     assert (results["best_step"], results["best_dev"]) == (1, 70.0)
     saved = common.Bert.from_pretrained(out).state_dict()
+    assert "pooler.dense.weight" in states[1]  # the MLP head, saved as BERT's pooler [issue 41]
     assert all(torch.equal(saved[k], v) for k, v in states[1].items())
     assert not all(torch.equal(saved[k], v) for k, v in states[3].items())
     assert math.isfinite(results["test"]["Avg"])

@@ -66,7 +66,8 @@ def test_saved_safetensors_has_hugging_face_names(minilm, model_dir, saved):
     _, model = minilm
     got, meta, n, dtypes = parse_safetensors(saved / "model.safetensors")
     assert meta.get("format") == "pt" and n % 8 == 0
-    assert set(got) == bert_model_keys(model.cfg.num_hidden_layers)
+    pooler = {"pooler.dense.weight", "pooler.dense.bias"}  # MiniLM's, kept: --pooler cls
+    assert set(got) == bert_model_keys(model.cfg.num_hidden_layers) | pooler
     assert set(dtypes.values()) == {"F32"}
     original = parse_safetensors(model_dir / "model.safetensors")[0]
     for name, arr in got.items():

@@ -58,7 +58,8 @@ def test_cls_evaluation_equals_the_full_forward():
     id_lists = [[2] + [random.Random(i).randrange(5, 128) for _ in range(i % 11)] + [3] for i
                 in range(40)]
     tok = type("Ids", (), {"pad": lambda self, x, width=None: common.pad_ids(x, 0, width)})()
-    vectors = common.encode_sentences(model, tok, None, "cls", 8, id_lists=id_lists)  # [40, H]
+    vectors = common.encode_sentences(model, tok, None, "cls_before_pooler", 8,
+                                      id_lists=id_lists)  # [40, H]
     for i in (0, 7, 39):
         ids = torch.tensor([id_lists[i]])
         torch.testing.assert_close(vectors[i], model(ids, torch.ones_like(ids))[0, 0], atol=1e-5,

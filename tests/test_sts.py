@@ -48,8 +48,8 @@ class FakeEncoder:
     def __init__(self, vectors):
         self.vectors = vectors
 
-    def __call__(self, model, tok, sentences, pooler="cls", batch_size=128, id_lists=None,
-                 progress=None):
+    def __call__(self, model, tok, sentences, pooler="cls_before_pooler", batch_size=128,
+                 id_lists=None, progress=None):
         return torch.tensor(np.array([self.vectors[s] for s in sentences]), dtype=torch.float32)
 
 
@@ -162,7 +162,8 @@ def test_all_is_concatenation_with_a_tiny_bert():
         )
 
     tasks = {"STS12": {"subA": subset(25, 0.0), "subB": subset(30, 2.5)}}
-    res = common.evaluate_sts(model, tok, None, pooler="cls", batch_size=8, tasks=tasks)
+    res = common.evaluate_sts(model, tok, None, pooler="cls_before_pooler", batch_size=8,
+                              tasks=tasks)
 
     def alone(s):  # one sentence, no padding: raw last-layer [CLS]
         ids, mask = tok([s])

@@ -113,7 +113,7 @@ def test_real_pair_counts(senteval_dir):
                                                              "SICKRelatedness": 500}
 
 
-@pytest.mark.parametrize("pooler", ["cls", "avg"])
+@pytest.mark.parametrize("pooler", ["cls_before_pooler", "cls", "avg"])
 def test_encode_sentences_restores_order(minilm, pooler):
     tok, model = minilm
     sentences = ["a man is playing a guitar .", "hi", "the quick brown fox jumps over the lazy dog "
@@ -156,7 +156,7 @@ def test_devset_equals_evaluate_sts_dev(minilm, senteval_dir, tmp_path):
     root = slice_senteval(tmp_path, senteval_dir, 10, sizes={"STS/STSBenchmark/sts-dev.csv": 200},
                           mode_files=common.sts_files("dev"))
     dev = common.evaluate_dev(model, common.DevSet(tok, root, model.cfg.max_tokens))["stsb_dev"]
-    res = common.evaluate_sts(model, tok, root, mode="dev", pooler="cls")
+    res = common.evaluate_sts(model, tok, root, mode="dev", pooler="cls_before_pooler")
     assert dev == pytest.approx(res["STSBenchmark"], abs=1e-6)
     assert res["details"]["STSBenchmark"]["dev"]["n"] == 200
 
@@ -175,7 +175,7 @@ def test_cli_json_dev_keys(minilm, senteval_dir, model_dir, tmp_path):
     assert set(data) == {"STSBenchmark", "SICKRelatedness", "details"}
     # the same numbers as in-process
     tok, model = minilm
-    res = common.evaluate_sts(model, tok, root, mode="dev", pooler="cls")
+    res = common.evaluate_sts(model, tok, root, mode="dev", pooler="cls_before_pooler")
     assert data["STSBenchmark"] == pytest.approx(res["STSBenchmark"], abs=1e-6)
     assert data["SICKRelatedness"] == pytest.approx(res["SICKRelatedness"], abs=1e-6)
 

@@ -3,6 +3,7 @@ head), a small training file and a SentEval folder in the real layout with a few
 Seconds on a CPU."""
 import random
 
+import numpy as np
 import torch
 
 import common
@@ -75,3 +76,17 @@ def make_world(tmp):
     return dict(model=str(make_model(tmp / "model")), generator=str(make_model(tmp / "generator",
                                                                                mlm_head=True)),
                 data=str(data), senteval=str(make_senteval(tmp / "senteval")))
+
+
+def seeded_run_folder(folder, seed=0):
+    """What a run saves, with weights that are the same on every torch: a tiny BERT whose pooler is
+    an MLP head, every parameter N(0, 0.3) from numpy's seeded generator, saved by
+    save_pretrained."""
+    tok = tokenizer()
+    model = common.Bert(common.BertConfig.tiny(vocab_size=len(tok.vocab)), pooler=True)
+    rng = np.random.RandomState(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.from_numpy(rng.normal(0, 0.3, tuple(p.shape))))
+    common.save_pretrained(model, folder, tok)
+    return tok, model

@@ -40,6 +40,7 @@ import esimcse_min  # noqa: E402
 import simcse_min  # noqa: E402
 import simcsepp_min  # noqa: E402
 
+POOLER = "cls_before_pooler"  # the raw [CLS], the unsupervised test vector
 EPOCH_STEPS = 15_625  # wiki1m: 1,000,000 sentences // 64 (the last partial batch dropped)
 # Dense tensor-core peaks in TFLOPS, no sparsity [vendor datasheets]: (name, bf16, fp16); first
 # match wins. GPUs before Ampere have no bf16 tensor cores (None): --precision auto trains them in
@@ -102,9 +103,8 @@ def load_encoder(args, device):
         )
     else:
         tok, model = common.Tokenizer.from_pretrained(args.model), common.Bert.from_pretrained(
-            args.model, quiet=True
-        )
-    model.set_dropout(0.1)
+            args.model, quiet=True, dropout=0.1
+        )  # bert-base's own config: dropout 0.1
     return tok, model.to(device)
 
 
@@ -421,7 +421,7 @@ def main(argv=None):
     dev_ids, dev_what = dev_id_lists(tok, senteval, V)
     dev_s = None
     if "dev" not in skip:
-        encoders = {"ours": lambda: common.encode_sentences(base, tok, None, "cls", 256,
+        encoders = {"ours": lambda: common.encode_sentences(base, tok, None, POOLER, 256,
                                                             id_lists=dev_ids)}
         for impl, model in hf.items():
             # fp32, as ours
@@ -437,14 +437,14 @@ def main(argv=None):
             if n.startswith("HF"):
                 print(f"ratio ours / {n}: {dev_s / enc_s[n]:.3f}")
         if hf:
-            ours = common.encode_sentences(base, tok, None, "cls", 256, id_lists=dev_ids[:256])
+            ours = common.encode_sentences(base, tok, None, POOLER, 256, id_lists=dev_ids[:256])
             theirs = hf_encode(hf["sdpa"], dev_ids[:256], device, None)
             print(f"max |ours - HF| on [CLS] of 256 dev sentences: "
                   f"{(ours - theirs).abs().max():.2e}")
     test_s = 0.0
     if "test" not in skip and senteval and isinstance(tok, common.Tokenizer):
         start = time.perf_counter()
-        test = common.evaluate_sts(base, tok, senteval, "test", "cls")
+        test = common.evaluate_sts(base, tok, senteval, "test", POOLER)
         test_s = time.perf_counter() - start
         print(f"\n## (c) the 7-task test table ({test['details']['sentences_encoded']} sentences): "
               f"{test_s:.1f} s, "

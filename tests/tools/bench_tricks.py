@@ -92,8 +92,8 @@ class NoWordCache(common.Tokenizer):
         return [i for piece in common.split_punctuation(text) for i in self.wordpiece(piece)]
 
 
-def encode_unsorted(model, tok, sentences, pooler="cls", batch_size=128, id_lists=None,
-                    progress=None):
+def encode_unsorted(model, tok, sentences, pooler="cls_before_pooler", batch_size=128,
+                    id_lists=None, progress=None):
     """5 off: common.encode_sentences with the batches in the given order (no length sort)."""
     id_lists = id_lists or [tok.encode(s, model.cfg.max_tokens) for s in sentences]
     order = list(range(len(id_lists)))
@@ -104,10 +104,10 @@ def encode_unsorted(model, tok, sentences, pooler="cls", batch_size=128, id_list
         for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
             ids, mask = (t.to(device) for t in tok.pad([id_lists[i] for i in idx]))
-            if pooler == "cls":
+            if pooler == "cls_before_pooler":
                 out[idx] = model(ids, mask, cls_only=True).float().cpu()
             else:
-                states = model.encode(model.embed(ids), mask, all_layers=True)
+                states = model.encode(model.embeddings(ids), mask, all_layers=True)
                 out[idx] = common.pool(states, mask, pooler).float().cpu()
     model.train(was_training)
     return out
@@ -289,8 +289,7 @@ def main(argv=None):
     lines = common.read_lines(args.data)
     n, scale = len(lines), EPOCH_SENTENCES / len(lines)
     tok = common.Tokenizer.from_pretrained(args.model)
-    base = common.Bert.from_pretrained(args.model, quiet=True)
-    base.set_dropout(cfg.dropout)
+    base = common.Bert.from_pretrained(args.model, quiet=True, dropout=cfg.dropout)
     print(f"# bench_tricks: {Path(args.model).name}, CPU, {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}; {n} training lines; {R} reps, medians", flush=True)
 
@@ -384,7 +383,7 @@ def main(argv=None):
     with patched(common, "encode_sentences", encode_unsorted):
         results.append(common.evaluate_dev(base, dev))
     assert all(abs(r[m] - results[0][m]) < 1e-3 for r in results for m in results[0]), results
-    vecs = [f(base, dev.tok, None, "cls", 256, dev.ids[:512])
+    vecs = [f(base, dev.tok, None, "cls_before_pooler", 256, dev.ids[:512])
             for f in (common.encode_sentences, encode_unsorted)]
     assert torch.allclose(*vecs, atol=1e-4), "length sorting changes the vectors"
     ev = take_turns({"on": lambda: common.evaluate_dev(base, dev),
