@@ -317,10 +317,11 @@ class Bert(nn.Module):
         self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.num_hidden_layers))
         self.mlm = MLMHead(cfg) if mlm_head else None
         self.pooler = None  # BERT's: tanh(dense([CLS])), `--pooler cls` [HF BertPooler]
-        if pooler:  # the checkpoint has one; a method's MLP head takes its place, saved as it
-            dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
-            self.pooler = nn.Sequential(collections.OrderedDict(dense=dense, activation=nn.Tanh()))
         self.apply(self._init)
+        if pooler:  # the checkpoint's (a method's MLP head takes its place), built without a draw
+            with torch.random.fork_rng(devices=[]):  # from the RNG: the dropout masks stay as
+                dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)  # they were without it
+            self.pooler = nn.Sequential(collections.OrderedDict(dense=dense, activation=nn.Tanh()))
 
     @staticmethod
     def _init(m):  # BERT's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorms

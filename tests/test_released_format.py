@@ -138,3 +138,15 @@ def test_a_mean_of_folds_is_rounded_with_numpy_as_senteval_does():
     folds = np.array([0.75, 0.76190])  # mean 0.755950 -> 75.595 x 100
     assert 100 * np.mean(folds) == 75.595 and round(float(100 * np.mean(folds)), 2) == 75.59
     assert common.mean_percent(folds) == 75.6
+
+
+def test_building_the_pooler_draws_nothing_from_the_rng():
+    """A checkpoint's pooler is built without a draw: a run's dropout masks are those it had before
+    the pooler was kept (the README's quick-start numbers stay)."""
+    cfg = common.BertConfig.tiny()
+    torch.manual_seed(0)
+    common.Bert(cfg, pooler=True)
+    after_with = torch.rand(3)
+    torch.manual_seed(0)
+    common.Bert(cfg)
+    assert torch.equal(after_with, torch.rand(3))
