@@ -1789,8 +1789,8 @@ def load_data(run, tok, one_column=False):
                         f"unsupervised, one sentence a line (supervised: simcse_min.py)")
     run.log(f"data {run.cfg.data}: {len(data)} rows x {data.cols} column(s), "
             + ("read from the token cache" if hit else "tokenized") + f" in {seconds:.1f}s")
-    run.log("evaluation: STS-B dev Spearman; align/uniform: alignment (dev pairs, gold > 4) "
-            "and uniformity (distinct dev sentences) of the same [CLS] vectors")
+    run.pooler = "cls" if data.cols > 1 else "cls_before_pooler"  # supervised: MLP [official]
+    run.log(f"evaluation: STS-B dev Spearman, alignment and uniformity of --pooler {run.pooler}")
     return data
 
 

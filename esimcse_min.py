@@ -151,7 +151,6 @@ def train(cfg):
     check_positions(model, cfg.max_len, extra=9)  # ESimCSE: the repeated view's 9 more tokens
     data = run.load_data(tok, one_column=True)  # ESimCSE: unsupervised only
     dev_set = DevSet(tok, run.senteval, model.cfg.max_tokens)  # picks the best step [SimCSE]
-    pooler = "cls" if data.cols > 1 else "cls_before_pooler"  # supervised: with the MLP [official]
     model = model.to(run.device)
     model.pooler = head = MLPHead(model.cfg.hidden_size).to(run.device)  # saved as BERT's pooler
     momentum = momentum_encoder(model) if cfg.queue_size > 0 else None  # ESimCSE: needs a queue
@@ -177,7 +176,7 @@ def train(cfg):
         if stop:
             run.exit_on_signal(step)  # exit status 128 + signal; `--resume out_dir` continues
         if run.rank == 0 and (step % cfg.eval_every == 0 or step == total):  # step 0, every, last
-            dev = evaluate_dev(model, dev_set, pooler, run.progress("STS-B dev"))  # rank 0 alone
+            dev = evaluate_dev(model, dev_set, run.pooler, run.progress("STS-B dev"))  # rank 0
             keep_best(best, step, dev["stsb_dev"], model)  # in memory; the test table uses it
             run.log_dev(step, dev, stats, best)
         if step == total:
@@ -195,7 +194,7 @@ def train(cfg):
         return run.release()
     if best["state"] is not None:  # the end of the run: back to the best dev state [official]
         model.load_state_dict(best["state"])
-    test = evaluate_sts(model, tok, run.senteval, "test", pooler,
+    test = evaluate_sts(model, tok, run.senteval, "test", run.pooler,
                         progress=run.progress("STS test"))  # the test vector, as at dev
     save_pretrained(model, run.out, tok)  # as the released models are [official]
     return run.finish(test, best, stopped)  # the log, results.json; stopped: exit 3

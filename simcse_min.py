@@ -116,7 +116,6 @@ def train(cfg):
     tok, model = run.load_model()  # Tokenizer and Bert.from_pretrained(cfg.model), on the CPU
     data = run.load_data(tok)  # the corpus tokenized before the model is on the device (cached)
     dev_set = DevSet(tok, run.senteval, model.cfg.max_tokens)  # picks the best step [SimCSE]
-    pooler = "cls" if data.cols > 1 else "cls_before_pooler"  # supervised: with the MLP [official]
     model = model.to(run.device)
     model.pooler = head = MLPHead(model.cfg.hidden_size).to(run.device)  # saved as BERT's pooler
     total = total_steps(len(data), cfg)
@@ -139,7 +138,7 @@ def train(cfg):
         if stop:
             run.exit_on_signal(step)  # exit status 128 + signal; `--resume out_dir` continues
         if run.rank == 0 and (step % cfg.eval_every == 0 or step == total):  # step 0, every, last
-            dev = evaluate_dev(model, dev_set, pooler, run.progress("STS-B dev"))  # rank 0 alone
+            dev = evaluate_dev(model, dev_set, run.pooler, run.progress("STS-B dev"))  # rank 0
             keep_best(best, step, dev["stsb_dev"], model)  # in memory; the test table uses it
             run.log_dev(step, dev, stats, best)
         if step == total:
@@ -153,7 +152,7 @@ def train(cfg):
         return run.release()
     if best["state"] is not None:  # the end of the run: back to the best dev state [official]
         model.load_state_dict(best["state"])
-    test = evaluate_sts(model, tok, run.senteval, "test", pooler,
+    test = evaluate_sts(model, tok, run.senteval, "test", run.pooler,
                         progress=run.progress("STS test"))  # the test vector, as at dev
     save_pretrained(model, run.out, tok)  # as the released models are [official]
     return run.finish(test, best, stopped)  # the log, results.json; stopped: exit 3

@@ -35,10 +35,6 @@ def test_sts_of_each_cls_pooler_is_evaluation_py_s(minilm, senteval_dir, pooler)
         assert res[task] == pytest.approx(expected, abs=0.02), (task, res[task], expected)
 
 
-def test_cls_is_the_pooler_and_cls_before_pooler_the_raw_cls_on_minilm():
-    assert abs(REF["sts"]["cls"]["STS13"] - REF["sts"]["cls_before_pooler"]["STS13"]) > 0.1
-
-
 @pytest.mark.parametrize("pooler", common.POOLERS)
 def test_every_pooler_is_the_batcher_s_branch(minilm, pooler):
     """Each of the five vectors equals evaluation.py's (avg_first_last: layer 1 and the last)."""
@@ -72,11 +68,6 @@ def test_a_saved_run_reads_in_transformers_and_sentence_transformers_as_ours(tmp
     for theirs, mine in (("pooler_output", "cls"), ("last_hidden_cls", "cls_before_pooler"),
                          ("sentence_transformers", "cls_before_pooler")):
         torch.testing.assert_close(ours[mine], torch.tensor(ref[theirs]), atol=1e-5, rtol=0)
-
-
-def test_the_recorded_runs_read_back_within_1e_5():
-    """The fixture script's own check on two real runs (make_pooler_fixtures.run_check)."""
-    assert all(d <= 1e-5 for run in REF["run"].values() for d in run.values()), REF["run"]
 
 
 def run_simcse(tmp_path, monkeypatch, data=None, **kw):
