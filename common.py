@@ -507,11 +507,11 @@ def uniformity(x):  # x [N, H] -> log E exp(-2 ||x_i - x_j||^2) over pairs i != 
 
 
 class DevSet:
-    """STS-B dev, tokenized once at the model's length (max_len: its positions): the score that
-    picks the best step in training [SimCSE App. B]."""
+    """STS-B dev (or --dev_file's pairs), tokenized once at the model's length (max_len: its
+    positions): the score that picks the best step in training [SimCSE App. B]."""
 
-    def __init__(self, tok, root, max_len):
-        a, b, self.gold = load_sts(root, "dev")["STSBenchmark"]["dev"]
+    def __init__(self, tok, pairs, max_len):  # pairs: (sentences A, B, gold)
+        a, b, self.gold = pairs
         self.tok = tok
         self.ids = [tok.encode(s, max_len) for s in a + b]
         first = {}  # sentence -> its first index: uniformity counts a repeated sentence once
@@ -755,7 +755,7 @@ def write_json(path, obj, indent=2):
     """Strict JSON, written atomically: NaN and infinities (an undefined score) become null."""
     obj = json.loads(json.dumps(obj), parse_constant=lambda name: None)  # NaN, Infinity -> None
     with atomic_write(path) as f:
-        json.dump(obj, f, indent=indent, allow_nan=False)
+        f.write(json.dumps(obj, indent=indent, allow_nan=False) + "\n")  # text: a last newline
 
 
 def read_utf8(path, error=UserError):
@@ -1596,7 +1596,7 @@ def path_problem(path, folder=False):
     return "" if stat.S_ISREG(mode) else "is not a regular file (a FIFO, device or socket)"
 
 
-def check_data(path):
+def check_data(path, flag="data file"):
     """A data file that is missing, not a regular file or too big (known SimCSE files: fetched)."""
     p = Path(path).expanduser()
     if known_data(p) and not os.path.lexists(p):
@@ -1606,7 +1606,7 @@ def check_data(path):
         why = (f"is {p.stat().st_size / 2**30:.0f} GiB, over the {MAX_DATA_BYTES >> 30} GiB read "
                f"into memory; split it")
     if why:
-        raise UserError(f"data file {p} {why}")
+        raise UserError(f"{flag} {p} {why}")
 
 
 def check_model(name, flag):
@@ -1657,9 +1657,9 @@ def check_positions(model, max_len, extra=0, flag="--model"):
 # --- Training data: text and CSV, tokenized once, a cache on disk ---------------------------------
 # Training data read as UTF-8 text or CSV, tokenized once; its cache keyed by content, checked.
 
-def read_text(path):
+def read_text(path, flag="data file"):
     """A data file's text, checked first (check_data), a byte-order mark dropped."""
-    check_data(path)
+    check_data(path, flag)
     return read_utf8(Path(path).expanduser()).removeprefix("\ufeff")
 
 
@@ -1672,8 +1672,6 @@ def read_lines(path):
 
 
 MAX_SENTENCE_CHARS = 10_000  # [impl] longer ones are cut: 512 tokens fit ~10x over, and a stray
-
-
 # megabyte-long line (a file without newlines) would take minutes; training keeps max_len anyway
 
 
@@ -1790,7 +1788,7 @@ def load_data(run, tok, one_column=False):
     run.log(f"data {run.cfg.data}: {len(data)} rows x {data.cols} column(s), "
             + ("read from the token cache" if hit else "tokenized") + f" in {seconds:.1f}s")
     run.pooler = "cls" if data.cols > 1 else "cls_before_pooler"  # supervised: MLP [official]
-    run.log(f"evaluation: STS-B dev Spearman, alignment and uniformity of --pooler {run.pooler}")
+    run.log(f"evaluation: {run.dev_name} Spearman, alignment and uniformity, --pooler {run.pooler}")
     return data
 
 
@@ -2085,9 +2083,8 @@ def signal_received(run, step):
 
 def exit_on_signal(run, step):
     """Say how to continue, then exit 128 + signal (the checkpoint of `step` is saved)."""
-    run.log(f"{signal.Signals(run.signal).name} at step {step}: " + (
-        f"checkpoint saved; continue with --resume {run.out}" if step else
-        "stopped before training"))
+    run.log(f"{signal.Signals(run.signal).name} at step {step}: " + (f"checkpoint saved; continue "
+            f"with --resume {run.out}" if step else "stopped before training"))
     run.release()
     sys.exit(128 + run.signal)
 
@@ -2143,7 +2140,7 @@ def log_progress(run, step, stats):
     if time.time() - run.last_print > 10:
         rate = (step - run.first_step) / (time.time() - run.started)
         run.last_print = time.time()
-        run.log(f"step {step}/{run.total} | {run.format_stats(stats)} | {rate:.2f} "
+        run.log(f"step {step}/{run.total} | {format_stats(run, stats)} | {rate:.2f} "
                 f"steps/s | eta {(run.total - step) / rate / 60:.1f} min")
 
 
@@ -2155,7 +2152,8 @@ def log_dev(run, step, dev, stats, best):
     seconds = time.time() - run.started
     steps = step - run.first_step
     pace = f"{1000 * seconds / steps:.0f} ms/step" if steps else f"start-up {seconds:.1f} s"
-    run.log(f"step {step} | {run.format_stats(stats)} | stsb_dev {dev['stsb_dev']:.2f} "
+    label = "dev" if run.cfg.dev_file else "stsb_dev"  # the dev score's name in the log
+    run.log(f"step {step} | {format_stats(run, stats)} | {label} {dev['stsb_dev']:.2f} "
             f"| align {dev['align']:.4f} uniform {dev['uniform']:.4f} | best "
             f"{best['dev']:.2f} @ {best['step']} | {pace}")
 
@@ -2168,7 +2166,6 @@ class Run:
     progress = Progress  # run.progress("STS test"): a progress line for a long evaluation
     log_progress = log_progress
     log_dev = log_dev
-    format_stats = format_stats
     save_checkpoint = save_checkpoint
     signal_received = signal_received
     exit_on_signal = exit_on_signal
@@ -2188,8 +2185,8 @@ class Run:
         self.device = init_distributed(resolve_device(cfg.device))  # under torchrun: this rank's
         self.rank, self.world_size = world()
         check_inputs(cfg, models, self.world_size)  # the first bad flag or input: one line
-        check_writes_no_input("--out_dir", [self.out, *(self.out / n for n in OUTPUTS)],
-                              [cfg.data, cfg.senteval, *(getattr(cfg, f) for f in models)])
+        check_writes_no_input("--out_dir", [self.out, *(self.out / n for n in OUTPUTS)], [
+            cfg.data, cfg.senteval, cfg.dev_file, *(getattr(cfg, f) for f in models)])
         check_compile(cfg.compile, self.device)
         torch.manual_seed(cfg.seed + self.rank)  # dropout; data order and views have their own RNGs
         self.signal = self.first_step = 0  # the signal caught; this process's first step
@@ -2203,6 +2200,9 @@ class Run:
         with rank0_first("the SentEval data"):  # rank 0 downloads, the others read what it wrote
             self.senteval = resolve_senteval(cfg.senteval)
         load_sts(self.senteval, "test")  # parsed now: a malformed test file fails before training
+        self.dev_name = cfg.dev_file or "STS-B dev"  # the pairs that pick the best step
+        self.dev_pairs = read_sts_pairs(cfg.dev_file, "--dev_file") if cfg.dev_file else \
+            load_sts(self.senteval, "dev")["STSBenchmark"]["dev"]
         self.dev_history, self.stats_history, self.align_uniform = [], [], []
         self.started = self.last_print = time.time()
 
@@ -2248,7 +2248,7 @@ class Run:
         self.log(format_table(test))
         results = {"method": self.method, "config": dataclasses.asdict(self.cfg),
                    "dev_history": self.dev_history, "stats_history": self.stats_history,
-                   "align_uniform": self.align_uniform, "align_uniform_on": "STS-B dev",
+                   "align_uniform": self.align_uniform, "align_uniform_on": self.dev_name,
                    "best_step": best["step"], "best_dev": round(best["dev"], 4),
                    "test": {k: round(v, 4) for k, v in test.items() if k != "details"},
                    "test_details": test["details"],
@@ -2256,8 +2256,8 @@ class Run:
                    **({"stopped": stopped} if stopped else {})}
         write_json(self.out / "results.json", results)
         (self.out / "checkpoint.pt").unlink(missing_ok=True)
-        self.log(f"best stsb_dev {best['dev']:.2f} @ step {best['step']}; model and "
-                 f"results.json in {self.out}")
+        self.log(f"best {'dev' if self.cfg.dev_file else 'stsb_dev'} {best['dev']:.2f} @ step "
+                 f"{best['step']}; model and results.json in {self.out}")
         self.release()
         if stopped:
             raise TrainingStopped(f"{stopped}; the best model (step {best['step']}) is in "
@@ -2831,6 +2831,133 @@ def evaluate_transfer(model, tok, root, mode="test", pooler="cls_before_pooler",
     return {**results, "details": details}
 
 
+# --- Using a model: encode, search, your own STS pairs -------------------------------------------
+
+CHUNK_LINES = 16_384  # corpus lines read, sorted by length and encoded at a time: encode's memory
+
+
+def corpus_lines(path, flag):
+    """A text file's lines, read as they are needed (row i is line i + 1, blank lines kept)."""
+    if why := path_problem(Path(path).expanduser()):  # no size limit: read as it goes
+        raise UserError(f"{flag} {path} {why}")
+    try:  # newline="\n": a line ends at \n alone, as `wc -l` counts (not at \r or \x85)
+        with open(Path(path).expanduser(), encoding="utf-8", newline="\n") as f:
+            yield from (line.removeprefix("\ufeff").rstrip("\r\n") for line in f)
+    except UnicodeDecodeError as e:
+        raise UserError(f"{flag} {path} is not UTF-8 ({e.reason}); convert it, e.g. iconv -t "
+                        f"UTF-8") from None
+
+
+def count_lines(path, flag):  # each line decoded before any work; none: an error
+    n = sum(1 for _ in corpus_lines(path, flag))
+    if n == 0:
+        raise UserError(f"{flag} {path} is empty: one sentence a line")
+    return n
+
+
+def vectors_about(args, model, corpus, n):
+    """What encode's JSON says, search checks: model (its tensors' sha256), pooler, corpus."""
+    h = hashlib.sha256()
+    for t in model.state_dict().values():  # in the model's order, always the same
+        h.update(t.detach().float().cpu().contiguous().numpy())
+    return {"model": str(args.model), "weights_sha256": h.hexdigest(), "pooler": args.pooler,
+            "count": n, "corpus_sha256": sha256_file(corpus)}
+
+
+def run_encode(args):
+    """--input's lines -> float32 [lines, H] in --out (.npy), written as it goes, a chunk of sorted
+    lengths at a time (the memory of a chunk, not of the corpus), and a JSON line beside it."""
+    out = Path(args.out).expanduser()  # and its .json: the name with .json for its suffix
+    device, _, _ = check_cli_inputs(args, [args.model], [])
+    n = count_lines(args.input, "--input")
+    tok, model = Tokenizer.from_pretrained(args.model), Bert.from_pretrained(args.model)
+    out.with_suffix(".json").unlink(missing_ok=True)  # stopped halfway: no JSON, search refuses
+    lines, shown = corpus_lines(args.input, "--input"), Progress("encode")
+    with atomic_write(out, "wb") as f:  # the rows in order: np.load reads them as one array
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False,
+                                                 "shape": (n, model.cfg.hidden_size)})
+        for start in range(0, n, CHUNK_LINES):
+            chunk = list(itertools.islice(lines, CHUNK_LINES))
+            vectors = encode_sentences(model.to(device), tok, chunk, args.pooler, args.batch_size,
+                                       progress=lambda done, _: shown(start + done, n))  # [c, H]
+            f.write(vectors.numpy().astype("<f4").tobytes())
+    write_json(out.with_suffix(".json"), vectors_about(args, model, args.input, n), indent=None)
+    print(f"{n:,} vectors of {model.cfg.hidden_size} in {out}, and {out.stem}.json")
+
+
+def run_search(args):
+    """The --top_k corpus lines nearest each query by cosine: the vectors a chunk at a time
+    (torch.topk per chunk, then over the chunks' best), on the GPU where there is one."""
+    device, _, _ = check_cli_inputs(args, [args.model], [])
+    queries = [args.query] if args.query else read_lines(args.queries)  # its non-blank lines
+    n, tok = count_lines(args.corpus, "--corpus"), Tokenizer.from_pretrained(args.model)
+    model = Bert.from_pretrained(args.model)
+    if args.vectors:  # encode's .npy, mapped (never read whole), checked against its JSON
+        path = Path(args.vectors).expanduser()
+        about = read_json(path.with_suffix(".json"), f"--vectors {args.vectors}: its .json")
+        try:
+            corpus = np.load(path, mmap_mode="r")  # [n, H] float32
+        except (OSError, ValueError) as e:
+            raise UserError(f"--vectors {args.vectors}: numpy cannot read it ({e})") from None
+        now = vectors_about(args, model, args.corpus, n)  # as encode wrote it; the name aside
+        if differ := [k for k in now if k != "model" and not (isinstance(about, dict) and
+                                                              about.get(k) == now[k])]:
+            raise UserError(f"--vectors {args.vectors}: its {', '.join(differ)} differ from this "
+                            f"--model, --pooler and --corpus (see its .json); encode them again")
+    else:  # a large corpus: encode it once, then search with --vectors
+        lines = list(corpus_lines(args.corpus, "--corpus"))
+        corpus = encode_sentences(model.to(device), tok, lines, args.pooler, args.batch_size,
+                                  progress=Progress("corpus")).numpy()
+    q = encode_sentences(model.to(device), tok, queries, args.pooler, args.batch_size)  # [Q, H]
+    scores, rows = [], []  # each chunk's best k [Q, k]
+    for start in range(0, n, CHUNK_LINES):
+        chunk = torch.from_numpy(np.array(corpus[start:start + CHUNK_LINES])).to(device)  # [c, H]
+        top = (F.normalize(q.to(device), dim=-1) @ F.normalize(chunk, dim=-1).T).topk(
+            min(args.top_k, len(chunk)), dim=1)  # of the cosines [Q, c]
+        scores, rows = scores + [top.values], rows + [top.indices + start]
+    best = torch.cat(scores, 1).topk(min(args.top_k, n), dim=1)  # [Q, k]
+    rows = torch.cat(rows, 1).gather(1, best.indices)  # [Q, k] corpus rows
+    hits = set(rows.flatten().tolist())
+    text = {i: s for i, s in enumerate(corpus_lines(args.corpus, "--corpus")) if i in hits}
+    found = [{"query": q, "rank": r + 1, "score": round(s, 6), "line": i + 1, "sentence": text[i]}
+             for q, ss, ii in zip(queries, best.values.tolist(), rows.tolist())
+             for r, (s, i) in enumerate(zip(ss, ii))]  # a row per result
+    for f in found:  # --json: JSON Lines, a result a line
+        head = f"query: {f['query']}\n" if f["rank"] == 1 else ""
+        print(json.dumps(f, ensure_ascii=False) if args.json else
+              f"{head}{f['rank']:4} {f['score']:7.4f}  line {f['line']}: {f['sentence']}")
+    return found
+
+
+SCORE = re.compile(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*")  # a finite number
+
+
+def read_sts_pairs(path, flag):
+    """A TSV of sentence 1, sentence 2, score (a header row allowed) -> (A, B, gold) as the STS
+    tasks hold them; a bad row: one line naming the file and line."""
+    lines = read_text(path, flag).splitlines()  # a missing file, not UTF-8: one line
+    rows = [(n, line.split("\t")) for n, line in enumerate(lines, 1) if line.strip()]
+    if rows and len(rows[0][1]) == 3 and not SCORE.fullmatch(rows[0][1][2]):
+        rows = rows[1:]  # a header row
+    for n, row in rows:
+        if len(row) != 3 or not SCORE.fullmatch(row[2]):
+            raise UserError(f"{flag} {path} line {n}: {len(row)} column(s), the last "
+                            f"{row[-1][:20]!r}; a row is sentence 1, sentence 2, a score (tab)")
+    if len(rows) < 2:
+        raise UserError(f"{flag} {path}: {len(rows)} scored pair(s); a Spearman needs 2 at least")
+    return ([_joined(row[0]) for _, row in rows], [_joined(row[1]) for _, row in rows],
+            np.array([float(row[2]) for _, row in rows]))
+
+
+def load_results(path, flag):
+    """A run folder or its results.json -> the run's results; not a finished run's: one line."""
+    p = Path(path).expanduser()
+    r = read_json(p / "results.json" if p.is_dir() else p, f"{flag} {path}: a run's results.json")
+    if not (isinstance(r, dict) and {"method", "config", "test", "best_dev"} <= set(r)):
+        raise UserError(f"{flag} {path}: not a finished training run's results.json")
+    return {**r, "path": str(path)}
+
+
 # --- Command line: python common.py eval | download | analyze ------------------------------------
 
 class OneLineErrors(argparse.ArgumentParser):
@@ -2859,7 +2986,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
             super()._format_action_invocation(action)
 
 
-FLAG_GROUPS = {"data and model": ("data", "model", "senteval", "generator"),
+FLAG_GROUPS = {"data and model": ("data", "model", "senteval", "dev_file", "generator"),
                "training": ("device", "precision", "seed", "batch_size", "max_len", "lr", "epochs",
                             "max_steps", "dropout", "compile"),
                "method": (),  # every other field: the method's own
@@ -2891,39 +3018,58 @@ def parse_bool(s):
 
 
 def cli(argv=None):
-    """python common.py eval | download | analyze, each with --help; alone: the commands."""
-    parser = OneLineErrors(prog="common.py", description="simcse-min tools: STS evaluation, "
-                           "embedding analysis, downloads.", formatter_class=HelpFormatter)
-    sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+    """python common.py eval | analyze | encode | ..., each with --help; alone: the commands."""
     fmt = {"formatter_class": HelpFormatter}
+    parser = OneLineErrors(prog="common.py", description="simcse-min tools: evaluation, analysis, "
+                           "encoding and search, downloads.", **fmt)
+    sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
     ev = sub.add_parser("eval", help="STS or transfer table of a model, as in the papers", **fmt)
+    an = sub.add_parser("analyze", help="alignment/uniformity, singular values, similarity by gold "
+                        "score: JSON + SVGs", **fmt)
+    en = sub.add_parser("encode", help="a text file's sentences -> vectors (.npy)", **fmt)
+    se = sub.add_parser("search", help="the corpus sentences nearest a query (cosine)", **fmt)
     dl = sub.add_parser("download", help="fetch a model or data set into ~/.cache/simcse-min "
                         "(needs internet)", **fmt)
     data = ", ".join(k for k in KNOWN_DATA if k != "senteval.tar")
     dl.add_argument("what", help=f"senteval (SimCSE's senteval.tar, unpacked), a data file "
                                  f"({data}) or a model ({', '.join(KNOWN_MODELS)})")
-    an = sub.add_parser("analyze", help="alignment/uniformity, singular values, similarity by gold "
-                        "score: JSON + SVGs", **fmt)
-    pooler = ("as in SimCSE's evaluation.py: cls_before_pooler the raw [CLS] (unsupervised "
-              "runs'), cls the pooler on it (supervised); avg, avg_top2, avg_first_last: means")
-    for p, model, pooler in ((ev, "e.g. bert-base-uncased", pooler),
-                             (an, "the first point of every figure",
-                              "sentence vector, as in `eval`")):
+    for p in (ev, an, en, se):  # the flags of a command that encodes
         inputs, run = p.add_argument_group("data and model"), p.add_argument_group("run and output")
         p.groups = inputs, run
-        inputs.add_argument("--model", required=True, help=f"model folder or known name ({model})")
-        inputs.add_argument("--senteval", default="", help="SentEval data folder (holding STS/ and "
-                            "SICK/, or downstream/); empty: ./SentEval/data/downstream, else "
-                            "~/.cache/simcse-min/senteval, else SimCSE's senteval.tar fetched once")
-        inputs.add_argument("--pooler", default="cls_before_pooler", choices=POOLERS, help=pooler)
+        inputs.add_argument("--model", required=True, help="model folder or known name (e.g. "
+                            "bert-base-uncased, runs/simcse)")
+        if p in (ev, an):
+            inputs.add_argument("--senteval", default="", help="SentEval data folder (STS/ and "
+                                "SICK/, or downstream/); empty: ./SentEval/data/downstream, else "
+                                "~/.cache/simcse-min/senteval, else SimCSE's senteval.tar fetched")
+        inputs.add_argument("--pooler", default="cls_before_pooler", choices=POOLERS, help="as in "
+                            "SimCSE's evaluation.py: cls_before_pooler the raw [CLS] (unsupervised "
+                            "runs'), cls the pooler on it (supervised); avg, avg_top2, "
+                            "avg_first_last: means")
         run.add_argument("--batch_size", type=int, default=128, help="sentences per encoding batch")
         run.add_argument("--device", default="auto", help="cpu, cuda or mps; auto: cuda, else mps, "
                          "else cpu")
+    add_command_flags(ev, an, en, se)
+    args = parser.parse_args(argv)
+    if args.command is None:  # `python common.py` alone: what it can do
+        return parser.print_help()
+    if args.command != "download":
+        return {"eval": run_eval, "analyze": run_analyze, "encode": run_encode,
+                "search": run_search}[args.command](args)
+    what = args.what  # no flag to name in a hint here: the file's place in the cache instead
+    print(download_senteval(flag=None) if what == "senteval" else resolve_data(what, flag=None)
+          if what in KNOWN_DATA else resolve_model(what, flag=None))
+
+
+def add_command_flags(ev, an, en, se):
+    """The flags of eval, analyze, encode and search that are their own."""
     ev.groups[0].add_argument("--tasks", default="sts", metavar="TASKS", choices=(
         "sts", "transfer", "sts,transfer"), help="sts, transfer (SentEval's 7) or sts,transfer")
     ev.groups[0].add_argument("--mode", default="test", choices=("test", "dev", "fasttest"),
                               help="test: STS12-16, STS-B, SICK-R test, transfer 10-fold (the "
                               "papers'); dev: STS-B dev, SICK-R trial; fasttest, dev: 5-fold")
+    ev.groups[0].add_argument("--sts_file", default="", help="your own pairs, not SentEval's: a "
+                              "TSV of sentence 1, sentence 2, score (a header row allowed)")
     ev.groups[1].add_argument("--json", default="", help="also write the scores to this JSON file")
     an.groups[0].add_argument("--compare", nargs="+", default=[], help="more model folders or "
                               "names, drawn beside it")
@@ -2932,31 +3078,41 @@ def cli(argv=None):
                               "folder's own is found)")
     an.groups[1].add_argument("--out", required=True, help="folder for analysis.json and the "
                               "three .svg figures")
-    args = parser.parse_args(argv)
-    if args.command is None:  # `python common.py` alone: what it can do
-        return parser.print_help()
-    if args.command != "download":
-        return run_eval(args) if args.command == "eval" else run_analyze(args)
-    what = args.what  # no flag to name in a hint here: the file's place in the cache instead
-    print(download_senteval(flag=None) if what == "senteval" else resolve_data(what, flag=None)
-          if what in KNOWN_DATA else resolve_model(what, flag=None))
+    en.groups[0].add_argument("--input", required=True, help="text file, one sentence a line")
+    en.groups[1].add_argument("--out", required=True, help="vectors.npy: row i = line i + 1 "
+                              "(float32); vectors.json beside it names model, pooler and count")
+    se.groups[0].add_argument("--corpus", required=True, help="text file, one sentence a line")
+    se.groups[0].add_argument("--vectors", default="", help="encode's .npy of --corpus (else: now)")
+    asked = se.groups[0].add_mutually_exclusive_group(required=True)
+    asked.add_argument("--query", default="", help="one query")
+    asked.add_argument("--queries", default="", help="text file, one query a line")
+    se.groups[1].add_argument("--top_k", type=int, default=10, help="results per query")
+    se.groups[1].add_argument("--json", action="store_true", help="JSON Lines: a result a line")
 
 
 def run_eval(args):
-    """A model's STS and/or transfer table (--json: STS scores; the transfer's in 'transfer')."""
+    """A model's STS and/or transfer table, or --sts_file's scores (--json: all it printed)."""
+    if args.sts_file and (args.tasks, args.mode, args.senteval) != ("sts", "test", ""):
+        raise UserError("--sts_file scores that file alone: drop --tasks, --mode and --senteval")
     modes = args.tasks.replace("sts", "dev" if args.mode == "dev" else "test").split(",")
-    device, root, _ = check_cli_inputs(args, [args.model], modes)
+    device, root, _ = check_cli_inputs(args, [args.model], [] if args.sts_file else modes)
+    own = {Path(args.sts_file).name: {"test": read_sts_pairs(args.sts_file, "--sts_file")}} \
+        if args.sts_file else None  # your pairs, scored as an STS task's
     tok, model = Tokenizer.from_pretrained(args.model), Bert.from_pretrained(args.model).to(device)
     results, run, shown = {}, (args.pooler, args.batch_size), Progress(f"STS {modes[0]}")
     if modes[0] != "transfer":  # fasttest's STS table: the test one [SimCSE evaluation.py]
-        results = evaluate_sts(model, tok, root, modes[0], *run, progress=shown)
+        results = evaluate_sts(model, tok, root, modes[0], *run, tasks=own, progress=shown)
     if "transfer" in modes:
         results["transfer"] = evaluate_transfer(model, tok, root, args.mode, *run,
                                                 progress=Progress("transfer"))
-    for table, names in ((results, TEST_TASKS), (results.get("transfer"), TRANSFER_TASKS)):
+    tables = ((results, list(own or TEST_TASKS)), (results.get("transfer"), TRANSFER_TASKS))
+    for table, names in tables:
         if table and "details" in table:
             print(format_table(table, names) + f"\n({table['details']['sentences_encoded']} "
                   f"sentences encoded; {table['details']['seconds']:.1f}s in all)")
+    for name in own or {}:  # and Pearson x 100 and n, as SentEval reports them
+        print("{name}: Spearman {spearman:.2f}, Pearson {pearson:.2f}, n {n}".format(
+            name=name, **results["details"][name]["test"]))
     if args.json:
         write_json(args.json, results, indent=1)
     return results
@@ -2969,11 +3125,10 @@ ANALYSIS_FILES = ("analysis.json", "align_uniform.svg", "singular_values.svg",
 def run_analyze(args):
     """Each model on STS-B test and dev, each run's dev path -> analysis.json, 3 SVGs in --out."""
     names, runs, out = [args.model, *args.compare], list(args.runs), Path(args.out).expanduser()
-    for found in (Path(name).expanduser() / "results.json" for name in names):  # a model's own run
-        if found.is_file() and found.resolve() not in [Path(r).expanduser().resolve()
-                                                       for r in runs]:
-            runs.append(found)
-    device, root, runs = check_cli_inputs(args, names, ["test", "dev"], runs)
+    given = [Path(r).expanduser().resolve() for r in runs]  # and each model's own run, if any:
+    runs += [found for found in (Path(name).expanduser() / "results.json" for name in names)
+             if found.is_file() and found.resolve() not in given]
+    device, root, runs = check_cli_inputs(args, names, ["test", "dev"], runs=runs)
     models = []
     for i, name in enumerate(names):
         tok, model = Tokenizer.from_pretrained(name), Bert.from_pretrained(name).to(device)
@@ -3003,21 +3158,24 @@ def check_cli_inputs(args, names, modes, runs=()):
     """Every input checked before any work (the first problem: one UserError line); then the
     output's folder is made. -> (device, SentEval root, the runs loaded)"""
     device = resolve_device(args.device)
-    if args.batch_size < 1:
-        raise UserError(f"--batch_size {args.batch_size}: must be at least 1")
+    for flag in ("batch_size", "top_k"):  # search's top_k
+        if getattr(args, flag, 1) < 1:
+            raise UserError(f"--{flag} {getattr(args, flag)}: must be at least 1")
     for i, name in enumerate(names):  # a known name is fetched when loaded (Part 2, as in training)
         check_model(name, "--compare" if i else "--model")
     runs = [load_run(path) for path in runs]
-    flag, out = ("--out", args.out) if args.command == "analyze" else ("--json", args.json)
-    if out:  # a folder (--out) or a file (--json) can be made there: checked, nothing created
-        p, is_dir = Path(out).expanduser().absolute(), flag == "--out"
-        written = [p / n for n in ANALYSIS_FILES] if is_dir else [p]
-        check_writes_no_input(flag, written, [*names, *(r["path"] for r in runs)])
+    flag, out = ("--json", args.json) if args.command == "eval" else ("--out", getattr(args, "out",
+                                                                                     ""))
+    if out:  # a folder (analyze) or a file (--json, encode) can be made there: nothing created
+        p, is_dir = Path(out).expanduser().absolute(), args.command == "analyze"
+        written = [p / n for n in ANALYSIS_FILES] if is_dir else [p, p.with_suffix(".json")]
+        check_writes_no_input(flag, written, [*names, *(r["path"] for r in runs),
+                                              getattr(args, "input", "")])  # encode's
         folder = p if is_dir else p.parent  # where the output goes
         base = next(a for a in (folder, *folder.parents) if a.exists())  # its nearest existing part
         if p.exists() and p.is_dir() != is_dir or not (base.is_dir() and os.access(base, os.W_OK)):
             raise UserError(f"{flag} {out}: cannot write a {'folder' if is_dir else 'file'} there")
-    root = resolve_senteval(args.senteval, modes[0])  # no --senteval: a download, all else well
+    root = resolve_senteval(args.senteval, modes[0]) if modes else None  # else a download
     for mode in modes[1:]:
         check_senteval(root, mode)
     if out:
@@ -3027,22 +3185,14 @@ def check_cli_inputs(args, names, modes, runs=()):
 
 def load_run(path):
     """A training run's results.json -> its name and alignment/uniformity history."""
-    p = Path(path).expanduser()
-    try:
-        r = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise UserError(f"--runs {path}: cannot read it as a results.json ({e})")
-    if not (isinstance(r, dict) and r.get("align_uniform")):
-        raise UserError(f"--runs {path}: no align_uniform history (written by training runs "
-                        f"since issue 10)")
-    if not (isinstance(r["align_uniform"], list) and all(  # [step, alignment, uniformity] rows
-            isinstance(x, list) and len(x) == 3 and type(x[0]) is int and all(
+    r, folder = load_results(path, "--runs"), Path(path).expanduser().parent.name
+    if not (isinstance(r.get("align_uniform"), list) and r["align_uniform"] and all(
+            isinstance(x, list) and len(x) == 3 and type(x[0]) is int and all(  # [step, a, u]
                 v is None or type(v) in (int, float) for v in x[1:]) for x in r["align_uniform"])):
-        raise UserError(f"--runs {path}: its align_uniform is not a list of [step, alignment, "
-                        f"uniformity]: a hand-edited or foreign results.json")
-    method, folder = r.get("method", "run"), p.parent.name
-    return {"path": str(p), "name": method if folder == method else f"{method} ({folder})",
-            "align_uniform": r["align_uniform"],
+        raise UserError(f"--runs {path}: no align_uniform history of [step, alignment, uniformity]"
+                        f" (written by training runs since issue 10)")
+    return {"path": str(Path(path).expanduser()), "name": r["method"] if folder == r["method"]
+            else f"{r['method']} ({folder})", "align_uniform": r["align_uniform"],
             "align_uniform_on": r.get("align_uniform_on", "STS-B dev")}
 
 

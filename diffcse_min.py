@@ -31,6 +31,7 @@ class Config:
     data: str = "wiki1m.txt"  # sentences, one a line (SimCSE: or an NLI CSV); this name downloads
     model: str = "bert-base-uncased"  # a model folder, or a known name fetched once [every paper]
     senteval: str = ""  # SentEval folder; empty: ./SentEval/data/downstream, else fetched once
+    dev_file: str = ""  # TSV: sentence 1, sentence 2, score; picks the best step (empty: STS-B dev)
     device: str = "auto"  # cpu, cuda or mps; auto: cuda, else mps, else cpu
     precision: str = "auto"  # auto: bf16 where the GPU has it, else fp16 + a loss scaler; CPU: fp32
     seed: int = 42  # dropout masks, data order, views [official run_unsup_example.sh]
@@ -179,7 +180,7 @@ def train(cfg):
     run = Run(cfg, __file__, models=("model", "generator"))  # DiffCSE: the generator checked too
     tok, model = run.load_model()  # Tokenizer and Bert.from_pretrained(cfg.model), on the CPU
     data = run.load_data(tok, one_column=True)  # DiffCSE: unsupervised only
-    dev_set = DevSet(tok, run.senteval, model.cfg.max_tokens)  # picks the best step [SimCSE]
+    dev_set = DevSet(tok, run.dev_pairs, model.cfg.max_tokens)  # picks the best step [SimCSE]
     model = model.to(run.device)
     model.pooler = head = BNProjector(model.cfg.hidden_size).to(run.device)  # DiffCSE: BN MLP
     disc = Discriminator(run.load_model()[1]).to(run.device)  # DiffCSE: its own pretrained copy

@@ -34,6 +34,7 @@ class Config:
     data: str = "wiki1m.txt"  # sentences, one a line (SimCSE: or an NLI CSV); this name downloads
     model: str = "bert-base-uncased"  # a model folder, or a known name fetched once [every paper]
     senteval: str = ""  # SentEval folder; empty: ./SentEval/data/downstream, else fetched once
+    dev_file: str = ""  # TSV: sentence 1, sentence 2, score; picks the best step (empty: STS-B dev)
     device: str = "auto"  # cpu, cuda or mps; auto: cuda, else mps, else cpu
     precision: str = "auto"  # auto: bf16 where the GPU has it, else fp16 + a loss scaler; CPU: fp32
     seed: int = 42  # dropout masks, data order, views [official run_unsup_example.sh]
@@ -150,7 +151,7 @@ def train(cfg):
     tok, model = run.load_model()  # Tokenizer and Bert.from_pretrained(cfg.model), on the CPU
     check_positions(model, cfg.max_len, extra=9)  # ESimCSE: the repeated view's 9 more tokens
     data = run.load_data(tok, one_column=True)  # ESimCSE: unsupervised only
-    dev_set = DevSet(tok, run.senteval, model.cfg.max_tokens)  # picks the best step [SimCSE]
+    dev_set = DevSet(tok, run.dev_pairs, model.cfg.max_tokens)  # picks the best step [SimCSE]
     model = model.to(run.device)
     model.pooler = head = MLPHead(model.cfg.hidden_size).to(run.device)  # saved as BERT's pooler
     momentum = momentum_encoder(model) if cfg.queue_size > 0 else None  # ESimCSE: needs a queue

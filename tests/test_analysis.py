@@ -13,7 +13,7 @@ import torch
 
 import common
 import simcse_min
-from tiny_world import make_model, make_senteval, make_world, tokenizer
+from tiny_world import make_model, make_senteval, make_world, stsb_dev, tokenizer
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
 
@@ -116,7 +116,7 @@ def test_dev_set_align_uniform_matches_analyze_model_on_dev(tmp_path):
             if "norm" not in name.lower():  # LayerNorms stay 1 and 0
                 # large random weights: [CLS] vectors that differ from sentence to sentence
                 p.normal_(0, 0.5)
-    dev = common.evaluate_dev(model, common.DevSet(tok, root, model.cfg.max_tokens))
+    dev = common.evaluate_dev(model, common.DevSet(tok, stsb_dev(root), model.cfg.max_tokens))
     expected = common.analyze_model(model, tok, root, "cls_before_pooler", "dev")
     assert expected["positive_pairs"] > 0 and expected["uniformity"] < -0.1
     want = (expected["alignment"], expected["uniformity"])
@@ -175,5 +175,5 @@ def test_analyze_bad_runs_file_is_a_one_line_error(tmp_path, capsys):
                                        "--runs", str(bad), "--senteval",
                                        str(make_senteval(tmp_path / "se")), "--out",
                                        str(tmp_path / "out")])
-    assert e.value.code == 2 and "no align_uniform history" in capsys.readouterr().err
+    assert e.value.code == 2 and "not a finished training run" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -30,7 +30,7 @@ def test_analyze_says_each_bad_input_in_one_line_and_creates_nothing(world, tmp_
     line = refused(args, capsys)
     assert str(tmp_path / "missing") in line and "neither a folder nor a known name" in line
     line = refused([a for a in args if a not in ("--compare", str(tmp_path / "missing"))], capsys)
-    assert f"--runs {bad_run}: cannot read it" in line
+    assert f"--runs {bad_run}: a run's results.json" in line and "not valid JSON" in line
     assert not (tmp_path / "new").exists()
 
 

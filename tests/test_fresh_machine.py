@@ -103,9 +103,11 @@ def test_the_quick_start_as_written(machine):
         "datasets/princeton-nlp/datasets-for-simcse/wiki1m_for_simcse.txt"
     ]  # shorter than 11,914
     assert "downloading SimCSE's senteval.tar" in outputs[2]
-    for out in outputs[2:]:  # the run's test table, then eval's: STS12 ... SICK-R, Avg
-        table = r"^ +STS12 \|.*\| +Avg\n( +-?\d+\.\d\d \|){7} +-?\d+\.\d\d$"
-        assert re.search(table, out, re.M), out
+    table = r"^ +STS12 \|.*\| +Avg\n( +-?\d+\.\d\d \|){7} +-?\d+\.\d\d$"
+    assert re.search(table, outputs[2], re.M), outputs[2]  # the run's: STS12 ... SICK-R, Avg
+    found = outputs[3].splitlines()  # the trained model's search: a query, its ten nearest lines
+    assert found[0] == "query: A man is playing a guitar." and len(found) == 11, outputs[3]
+    assert all(re.match(r" +\d+ +-?\d\.\d{4}  line \d+: ", line) for line in found[1:]), found
     assert (clone / "runs" / "simcse" / "results.json").is_file()
     shutil.rmtree(clone / "runs")  # the mission commands write there too
     assert_cache_complete(home, hub)

@@ -130,7 +130,8 @@ def test_every_flag_a_message_names_exists():
     """Every --flag in a string of the five files is a training flag, an eval/analyze flag, or
     --help."""
     cli_flags = {"model", "pooler", "senteval", "batch_size", "device", "mode", "tasks", "json",
-                 "compare", "runs", "out", "help"}
+                 "compare", "runs", "out", "help", "sts_file", "input", "corpus", "vectors",
+                 "query", "queries", "top_k"}
     for name in ["common.py", *METHODS]:
         text = (ROOT / name).read_text()
         strings = re.findall(r"\"[^\"\n]*\"", text)

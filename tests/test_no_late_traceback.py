@@ -33,8 +33,9 @@ def with_weights(world, tmp_path, fill):
 
 @pytest.mark.parametrize("history", [[["x", 0.1, -1.0]], [[0, 0.1]], {"0": [0.1, -1.0]}])
 def test_a_malformed_run_history_is_one_line(history, world, tmp_path):
-    (tmp_path / "results.json").write_text(json.dumps({"align_uniform": history}))
-    with pytest.raises(common.UserError, match="is not a list of \\[step, alignment"):
+    run = {"method": "simcse", "config": {}, "test": {}, "best_dev": 80.0}  # finished, but:
+    (tmp_path / "results.json").write_text(json.dumps({**run, "align_uniform": history}))
+    with pytest.raises(common.UserError, match="no align_uniform history of \\[step, alignment"):
         analyze(world, tmp_path, "--runs", str(tmp_path / "results.json"))
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import common
-from tiny_world import make_world, tokenizer
+from tiny_world import make_world, stsb_dev, tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +136,7 @@ def test_a_model_with_few_positions_trains_its_dev_set_cut_to_them(world, tmp_pa
     short = common.Bert(common.BertConfig.tiny(vocab_size=len(tok.vocab),
                                                max_position_embeddings=8))
     common.save_pretrained(short, tmp_path / "short", tok)
-    dev = common.DevSet(tok, common.resolve_senteval(world["senteval"]), 8)
+    dev = common.DevSet(tok, stsb_dev(common.resolve_senteval(world["senteval"])), 8)
     assert max(map(len, dev.ids)) == 8  # the dev sentences are longer: cut
     importlib.import_module("simcse_min").train(config(world, tmp_path / "out", max_len=8,
                                                        model=str(tmp_path / "short")))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import common
-from tiny_world import make_world
+from tiny_world import make_world, stsb_dev
 
 METHODS = ["simcse", "esimcse", "simcsepp", "diffcse"]
 
@@ -43,7 +43,7 @@ def test_train_end_to_end(method, world, tmp_path):
     assert (out / "log.txt").read_text().splitlines()[1].startswith("config {")
     # the written best model reloads and gives exactly the vectors the evaluation used
     tok, model = common.Tokenizer.from_pretrained(out), common.Bert.from_pretrained(out)
-    dev = common.DevSet(tok, common.resolve_senteval(world["senteval"]), 512)
+    dev = common.DevSet(tok, stsb_dev(common.resolve_senteval(world["senteval"])), 512)
     dev_score = common.evaluate_dev(model, dev)["stsb_dev"]
     assert dev_score == pytest.approx(results["best_dev"], abs=1e-3)
     pooling = json.loads((out / "1_Pooling" / "config.json").read_text())

@@ -11,6 +11,7 @@ import torch
 
 import common
 from test_sts import OFFICIAL_AVG, ROOT, slice_senteval, write
+from tiny_world import stsb_dev
 
 
 # ---- SentEval file parsing -----------------------------------------------------------------------
@@ -155,7 +156,8 @@ def test_devset_equals_evaluate_sts_dev(minilm, senteval_dir, tmp_path):
     tok, model = minilm
     root = slice_senteval(tmp_path, senteval_dir, 10, sizes={"STS/STSBenchmark/sts-dev.csv": 200},
                           mode_files=common.sts_files("dev"))
-    dev = common.evaluate_dev(model, common.DevSet(tok, root, model.cfg.max_tokens))["stsb_dev"]
+    dev_set = common.DevSet(tok, stsb_dev(root), model.cfg.max_tokens)
+    dev = common.evaluate_dev(model, dev_set)["stsb_dev"]
     res = common.evaluate_sts(model, tok, root, mode="dev", pooler="cls_before_pooler")
     assert dev == pytest.approx(res["STSBenchmark"], abs=1e-6)
     assert res["details"]["STSBenchmark"]["dev"]["n"] == 200

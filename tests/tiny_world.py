@@ -90,3 +90,8 @@ def seeded_run_folder(folder, seed=0):
             p.copy_(torch.from_numpy(rng.normal(0, 0.3, tuple(p.shape))))
     common.save_pretrained(model, folder, tok)
     return tok, model
+
+
+def stsb_dev(root):
+    """STS-B dev's (sentences A, B, gold): the pairs a training run's DevSet holds by default."""
+    return common.load_sts(root, "dev")["STSBenchmark"]["dev"]

@@ -24,7 +24,7 @@ TESTS = Path(__file__).resolve().parents[1]  # tests/; this file is in tests/too
 sys.path[:0] = [str(TESTS.parent), str(TESTS)]
 
 import common  # noqa: E402
-from tiny_world import make_senteval, make_world  # noqa: E402
+from tiny_world import make_model, make_senteval, make_world  # noqa: E402
 
 
 def copy_model(src, dst, edit=None):
@@ -638,8 +638,8 @@ def cases(tmp):
             True,
         ),
     ]
-    return c + nothing_lost_cases(tmp, world, base, data, done), dict(world=world, done=done,
-                                                                       tmp=tmp)
+    return c + nothing_lost_cases(tmp, world, base, data, done) + using_a_model_cases(
+        tmp, world, base, data), dict(world=world, done=done, tmp=tmp)
 
 
 def nothing_lost_cases(tmp, world, base, data, done):
@@ -680,6 +680,54 @@ def nothing_lost_cases(tmp, world, base, data, done):
          base + data + ["--generator", str(short_generator)], 2, True),
         ("model: a tensor stored as both X and bert.X", "simcse",
          base + data + ["--model", twice], 2, True),
+    ]
+
+
+def using_a_model_cases(tmp, world, base, data):
+    """Issue 43's commands: encode, search, eval --sts_file, --dev_file."""
+    model, cpu = world["model"], ["--device", "cpu"]
+    files = {"corpus.txt": "a man is playing .\na dog runs .\n", "blank.txt": "",
+             "two_cols.tsv": "a man runs .\ta person runs .\n" * 3,
+             "word_score.tsv": "s1\ts2\tscore\na\tb\t1.0\nc\td\thigh\n",
+             "one_pair.tsv": "a man runs .\ta person runs .\t4.2\n"}
+    for name, text in files.items():
+        (tmp / name).write_text(text)
+    (tmp / "latin1_corpus.txt").write_bytes(b"a man .\ncaf\xe9 au lait .\n")
+    corpus = str(tmp / "corpus.txt")
+    encoded = tmp / "encoded.npy"  # the corpus, encoded by the tiny model: a search's --vectors
+    common.main_guard(common.cli, ["encode", "--model", model, "--input", corpus, "--out",
+                                   str(encoded), *cpu])
+    other = str(make_model(tmp / "m_other", seed=1))  # the same tiny BERT, other weights
+    search = ["search", "--corpus", corpus, "--query", "a man", *cpu]
+    sts = ["eval", "--model", model, *cpu, "--sts_file"]
+    return [
+        ("encode: --input missing", "common", ["encode", "--model", model, "--input",
+                                               str(tmp / "nope.txt"), "--out", str(tmp / "v.npy"),
+                                               *cpu], 2, True),
+        ("encode: --input empty", "common", ["encode", "--model", model, "--input",
+                                             str(tmp / "blank.txt"), "--out", str(tmp / "v.npy"),
+                                             *cpu], 2, True),
+        ("encode: --input not UTF-8", "common", ["encode", "--model", model, "--input",
+                                                 str(tmp / "latin1_corpus.txt"), "--out",
+                                                 str(tmp / "v.npy"), *cpu], 2, True),
+        ("search: --vectors of another model", "common",
+         search + ["--model", other, "--vectors", str(encoded)], 2, True),
+        ("search: --vectors missing", "common",
+         search + ["--model", model, "--vectors", str(tmp / "nope.npy")], 2, True),
+        ("search: --corpus empty", "common",
+         ["search", "--model", model, "--corpus", str(tmp / "blank.txt"), "--query", "a", *cpu],
+         2, True),
+        ("search: --top_k 0", "common", search + ["--model", model, "--top_k", "0"], 2, True),
+        ("eval --sts_file: missing", "common", sts + [str(tmp / "nope.tsv")], 2, True),
+        ("eval --sts_file: empty", "common", sts + [str(tmp / "blank.txt")], 2, True),
+        ("eval --sts_file: a row with two columns", "common", sts + [str(tmp / "two_cols.tsv")],
+         2, True),
+        ("eval --sts_file: a score that is not a number", "common",
+         sts + [str(tmp / "word_score.tsv")], 2, True),
+        ("eval --sts_file: one pair (a Spearman needs 2)", "common",
+         sts + [str(tmp / "one_pair.tsv")], 2, True),
+        ("--dev_file: a row with two columns", "simcse",
+         base + data + ["--dev_file", str(tmp / "two_cols.tsv")], 2, True),
     ]
 
 

@@ -87,7 +87,7 @@ def main(argv=None):
     devset_line, devset_ok = "", True
     if "cls_before_pooler" in dev:
         t0 = time.time()
-        dev_set = common.DevSet(tok, root, model.cfg.max_tokens)
+        dev_set = common.DevSet(tok, dev_tasks["STSBenchmark"]["dev"], model.cfg.max_tokens)
         quick = common.evaluate_dev(model, dev_set)["stsb_dev"]
         diff = quick - dev["cls_before_pooler"]["STSBenchmark"]
         devset_ok = abs(diff) <= 1e-6

@@ -313,17 +313,19 @@ def main(argv=None):
     assert [data[i][0] for i in range(n)] == wiki_ids, "tokenize_file differs from encode"
     parts = take_turns({"load": load, "miss": lambda: tokenize_file(False),
                         "hit": lambda: tokenize_file(True),
-                        "devset": lambda: common.DevSet(warm_copy(common.Tokenizer, warm),
-                                                        senteval, 512)}, R, 1)
+                        "devset": lambda: common.DevSet(
+                            warm_copy(common.Tokenizer, warm),
+                            common.load_sts(senteval, "dev")["STSBenchmark"]["dev"], 512)}, R, 1)
     rest = parts["load"] + parts["devset"]
     setup, setup_1m = rest + parts["miss"], rest + scale * parts["miss"]
     print(f"set-up {fmt_s(setup)} = load {fmt_s(parts['load'])} + tokenize_file "
           f"{fmt_s(parts['miss'])} (hit: {fmt_s(parts['hit'])}) + DevSet "
           f"{fmt_s(parts['devset'])}; 1M lines: {fmt_s(setup_1m)}", flush=True)
-    dev = common.DevSet(warm_copy(common.Tokenizer, warm), senteval, 512)
+    dev_pairs = common.load_sts(senteval, "dev")["STSBenchmark"]["dev"]
+    dev = common.DevSet(warm_copy(common.Tokenizer, warm), dev_pairs, 512)
 
     # -- 2, 3, 7, 8: the tokenizer, on the training lines (cold cache) and the dev sentences (warm)
-    a, b, _ = common.load_sts(senteval, "dev")["STSBenchmark"]["dev"]
+    a, b, _ = dev_pairs
     tok_train = take_turns(tokenizer_contenders(tok, lines, cfg.max_len, False), 4 * R, 1)
     tok_dev = take_turns(tokenizer_contenders(warm, a + b, 512, True), 4 * R, 1)
     print(f"tokenizer: {n} training lines {fmt_s(tok_train['now'])}, {len(a + b)} dev sentences "
