@@ -710,6 +710,8 @@ def using_a_model_cases(tmp, world, base, data):
         ("encode: --input not UTF-8", "common", ["encode", "--model", model, "--input",
                                                  str(tmp / "latin1_corpus.txt"), "--out",
                                                  str(tmp / "v.npy"), *cpu], 2, True),
+        ("encode: --out is the --input", "common", ["encode", "--model", model, "--input", corpus,
+                                                    "--out", corpus, *cpu], 2, True),
         ("search: --vectors of another model", "common",
          search + ["--model", other, "--vectors", str(encoded)], 2, True),
         ("search: --vectors missing", "common",
