@@ -2870,7 +2870,7 @@ def run_encode(args):
     out = Path(args.out).expanduser()  # and its .json: the name with .json for its suffix
     device, _, _ = check_cli_inputs(args, [args.model], [])
     n = count_lines(args.input, "--input")
-    tok, model = Tokenizer.from_pretrained(args.model), Bert.from_pretrained(args.model)
+    tok, model = Tokenizer.from_pretrained(args.model), Bert.from_pretrained(args.model).to(device)
     out.with_suffix(".json").unlink(missing_ok=True)  # stopped halfway: no JSON, search refuses
     lines, shown = corpus_lines(args.input, "--input"), Progress("encode")
     with atomic_write(out, "wb") as f:  # the rows in order: np.load reads them as one array
@@ -2878,7 +2878,7 @@ def run_encode(args):
                                                  "shape": (n, model.cfg.hidden_size)})
         for start in range(0, n, CHUNK_LINES):
             chunk = list(itertools.islice(lines, CHUNK_LINES))
-            vectors = encode_sentences(model.to(device), tok, chunk, args.pooler, args.batch_size,
+            vectors = encode_sentences(model, tok, chunk, args.pooler, args.batch_size,
                                        progress=lambda done, _: shown(start + done, n))  # [c, H]
             f.write(vectors.numpy().astype("<f4").tobytes())
     write_json(out.with_suffix(".json"), vectors_about(args, model, args.input, n), indent=None)
@@ -2890,8 +2890,8 @@ def run_search(args):
     (torch.topk per chunk, then over the chunks' best), on the GPU where there is one."""
     device, _, _ = check_cli_inputs(args, [args.model], [])
     queries = [args.query] if args.query else read_lines(args.queries)  # its non-blank lines
-    n, tok = count_lines(args.corpus, "--corpus"), Tokenizer.from_pretrained(args.model)
-    model = Bert.from_pretrained(args.model)
+    n = count_lines(args.corpus, "--corpus")
+    tok, model = Tokenizer.from_pretrained(args.model), Bert.from_pretrained(args.model).to(device)
     if args.vectors:  # encode's .npy, mapped (never read whole), checked against its JSON
         path = Path(args.vectors).expanduser()
         about = read_json(path.with_suffix(".json"), f"--vectors {args.vectors}: its .json")
@@ -2906,9 +2906,9 @@ def run_search(args):
                             f"--model, --pooler and --corpus (see its .json); encode them again")
     else:  # a large corpus: encode it once, then search with --vectors
         lines = list(corpus_lines(args.corpus, "--corpus"))
-        corpus = encode_sentences(model.to(device), tok, lines, args.pooler, args.batch_size,
+        corpus = encode_sentences(model, tok, lines, args.pooler, args.batch_size,
                                   progress=Progress("corpus")).numpy()
-    q = encode_sentences(model.to(device), tok, queries, args.pooler, args.batch_size)  # [Q, H]
+    q = encode_sentences(model, tok, queries, args.pooler, args.batch_size)  # [Q, H]
     scores, rows = [], []  # each chunk's best k [Q, k]
     for start in range(0, n, CHUNK_LINES):
         chunk = torch.from_numpy(np.array(corpus[start:start + CHUNK_LINES])).to(device)  # [c, H]
