@@ -730,6 +730,8 @@ def main_guard(fn, *args):
 
 UMASK = os.umask(0o022)  # read it (the only way is to set it) and put it back
 os.umask(UMASK)
+DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
+          "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}
 
 
 @contextlib.contextmanager
@@ -780,10 +782,6 @@ def read_json(path, what):
         raise CheckpointError(f"{what} ({path}) is not valid JSON ({type(e).__name__})") from None
 
 
-DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
-          "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}
-
-
 def read_safetensors(path):
     """A .safetensors file -> {name: tensor}: the header's dtypes, shapes and offsets must tile the
     data bytes exactly, checked before any tensor is made (a hostile header allocates nothing)."""
@@ -815,13 +813,11 @@ def read_safetensors(path):
                           f"do not follow on at byte {end} of the {len(body)} data bytes")
             spans[name] = (lo, hi, dtype, shape)
             end = hi
-    except (UnicodeDecodeError, ValueError, RecursionError, TypeError, KeyError,
-            AttributeError) as e:
+    except (ValueError, RecursionError, TypeError, KeyError, AttributeError) as e:  # bad UTF-8 too
         raise bad(f"the header is not a JSON object of tensors ({type(e).__name__})") from None
-    if end > len(body):
-        raise bad(f"the tensors span {end} data bytes but the file holds {len(body)} (truncated?)")
-    if end < len(body):
-        raise bad(f"the tensors span {end} data bytes but the file holds {len(body)}")
+    if end != len(body):
+        cut = " (truncated?)" if end > len(body) else ""
+        raise bad(f"the tensors span {end} data bytes but the file holds {len(body)}{cut}")
     return {name: torch.frombuffer(bytearray(body[lo:hi]), dtype=dtype).reshape(shape) if hi > lo
             else torch.empty(shape, dtype=dtype) for name, (lo, hi, dtype, shape) in spans.items()}
 
@@ -850,6 +846,10 @@ def write_safetensors(path, tensors, metadata=None):
 
 MODEL_FILES = ("config.json", "vocab.txt", "vocab.json", "merges.txt", "tokenizer_config.json",
                "model.safetensors", "pytorch_model.bin")  # what loading a model folder reads
+SAVED = ("model.safetensors", "config.json", "vocab.txt", "vocab.json", "merges.txt",
+         "tokenizer_config.json", "special_tokens_map.json", "modules.json",
+         "sentence_bert_config.json", "1_Pooling/config.json")  # what save_pretrained writes
+OUTPUTS = ("log.txt", "checkpoint.pt", "results.json", *SAVED)  # what a run writes in out_dir
 
 
 def special_file(folder):
@@ -925,6 +925,23 @@ DISTILBERT_CONFIG = {"dim": "hidden_size", "n_layers": "num_hidden_layers", "n_h
                      "num_attention_heads", "hidden_dim": "intermediate_size", "dropout":
                      "hidden_dropout_prob", "attention_dropout": "attention_probs_dropout_prob",
                      "activation": "hidden_act", "sinusoidal_pos_embds": "sinusoidal"}
+RENAMES = {  # our module: (Hugging Face BERT's, DistilBERT's); one table, read both ways
+    "layers": ("encoder.layer", "transformer.layer"),
+    "query": ("attention.self.query", "attention.q_lin"),
+    "key": ("attention.self.key", "attention.k_lin"),
+    "value": ("attention.self.value", "attention.v_lin"),
+    "attn_out": ("attention.output.dense", "attention.out_lin"),
+    "attn_norm": ("attention.output.LayerNorm", "sa_layer_norm"),
+    "ffn_in": ("intermediate.dense", "ffn.lin1"),
+    "ffn_out": ("output.dense", "ffn.lin2"),
+    "ffn_norm": ("output.LayerNorm", "output_layer_norm"),
+    "mlm.dense": ("cls.predictions.transform.dense", "vocab_transform"),
+    "mlm.norm": ("cls.predictions.transform.LayerNorm", "vocab_layer_norm"),
+    "mlm": ("cls.predictions", "vocab_projector"),  # the MLM bias
+}
+ROBERTA_MLM = {"mlm.dense": "lm_head.dense", "mlm.norm": "lm_head.layer_norm", "mlm": "lm_head"}
+TIED = {"cls.predictions.decoder.weight", "vocab_projector.weight", "lm_head.decoder.weight"}
+SKIPPED = {"embeddings.position_ids", "cls.predictions.decoder.bias", "lm_head.decoder.bias"}
 
 
 def read_weights(name_or_dir, mlm_head=False, quiet=False):
@@ -944,7 +961,7 @@ def read_weights(name_or_dir, mlm_head=False, quiet=False):
         raise CheckpointError(f"{folder}: its vocabulary has {words} tokens, its embeddings "
                               f"{cfg.vocab_size} rows (config.json vocab_size): two models mixed")
     if unused and not quiet:
-        note_unused(folder, unused)
+        note_unused(folder, tuple(sorted(unused)))
     return cfg, state
 
 
@@ -997,25 +1014,6 @@ def read_tensors(folder):
     return tensors
 
 
-RENAMES = {  # our module: (Hugging Face BERT's, DistilBERT's); one table, read both ways
-    "layers": ("encoder.layer", "transformer.layer"),
-    "query": ("attention.self.query", "attention.q_lin"),
-    "key": ("attention.self.key", "attention.k_lin"),
-    "value": ("attention.self.value", "attention.v_lin"),
-    "attn_out": ("attention.output.dense", "attention.out_lin"),
-    "attn_norm": ("attention.output.LayerNorm", "sa_layer_norm"),
-    "ffn_in": ("intermediate.dense", "ffn.lin1"),
-    "ffn_out": ("output.dense", "ffn.lin2"),
-    "ffn_norm": ("output.LayerNorm", "output_layer_norm"),
-    "mlm.dense": ("cls.predictions.transform.dense", "vocab_transform"),
-    "mlm.norm": ("cls.predictions.transform.LayerNorm", "vocab_layer_norm"),
-    "mlm": ("cls.predictions", "vocab_projector"),  # the MLM bias
-}
-ROBERTA_MLM = {"mlm.dense": "lm_head.dense", "mlm.norm": "lm_head.layer_norm", "mlm": "lm_head"}
-TIED = {"cls.predictions.decoder.weight", "vocab_projector.weight", "lm_head.decoder.weight"}
-SKIPPED = {"embeddings.position_ids", "cls.predictions.decoder.bias", "lm_head.decoder.bias"}
-
-
 def hf_name(name, kind="bert"):
     """Our parameter name -> the Hugging Face BERT (DistilBERT, RoBERTa) one, without 'bert.'."""
     module, _, param = name.rpartition(".")
@@ -1062,26 +1060,14 @@ def rename_checkpoint(tensors, model_type, expected, mlm_head):
     return {k: t.to(expected[k].dtype) for k, t in state.items()}, unused
 
 
-_NOTED = set()
-
-
+@functools.cache  # said once a process: DiffCSE loads the same model twice
 def note_unused(folder, unused):
-    """The checkpoint's tensors the model leaves out, said once a process (DiffCSE loads twice)."""
-    key = (folder, *sorted(unused))
-    if key in _NOTED:
-        return
-    _NOTED.add(key)
+    """The checkpoint's tensors the model leaves out (`unused`: their names, sorted)."""
     heads = all(re.match(r"(bert\.|roberta\.)?(pooler|cls|lm_head|vocab_\w+)\.", k)
                 for k in unused)  # BERT's pooler and MLM/NSP heads, RoBERTa's, DistilBERT's
     why = " (pretraining heads: each method trains its own)" if heads else ""
-    print(f"{folder.name}{why}: not used from the checkpoint: {', '.join(key[1:])}",
+    print(f"{folder.name}{why}: not used from the checkpoint: {', '.join(unused)}",
           file=sys.stderr)
-
-
-SAVED = ("model.safetensors", "config.json", "vocab.txt", "vocab.json", "merges.txt",
-         "tokenizer_config.json", "special_tokens_map.json", "modules.json",
-         "sentence_bert_config.json", "1_Pooling/config.json")  # what save_pretrained writes
-OUTPUTS = ("log.txt", "checkpoint.pt", "results.json", *SAVED)  # what a run writes in out_dir
 
 
 def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
@@ -1106,13 +1092,12 @@ def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
                                                 BPE_SPECIALS if bpe else SPECIAL_TOKENS)}
     strip = None if tokenizer.strip_accents == tokenizer.lower else tokenizer.strip_accents
     st = "sentence_transformers.models."
-    arch = "Roberta" if kind == "roberta" else "Bert"
     tokenizer_config = {"tokenizer_class": "RobertaTokenizer", "add_prefix_space": False,
                         "bos_token": "<s>", "eos_token": "</s>"} if bpe else {
         "tokenizer_class": "BertTokenizer", "do_lower_case": tokenizer.lower,
         "strip_accents": strip}
     for name, content in {
-        "config.json": {"architectures": [arch + ("ForMaskedLM" if mlm else "Model")],
+        "config.json": {"architectures": [kind.title() + ("ForMaskedLM" if mlm else "Model")],
                         **dataclasses.asdict(cfg), "model_type": kind, "hidden_act": "gelu",
                         "position_embedding_type": "absolute", "initializer_range": 0.02,
                         "torch_dtype": str(dtype).removeprefix("torch.")},
@@ -1156,6 +1141,10 @@ _DATA = "datasets/princeton-nlp/datasets-for-simcse/resolve/main/"
 KNOWN_DATA = {f: _DATA + f for f in ("wiki1m_for_simcse.txt", "nli_for_simcse.csv", "senteval.tar")}
 DATA_ALIASES = {"wiki1m.txt": "wiki1m_for_simcse.txt"}  # the name the papers' READMEs use
 HOW_TO_GET = {"--generator": " (or make one: python tests/tools/make_generator.py --help)"}
+HUB_ERRORS = {  # X-Error-Code -> what it means [huggingface_hub hf_raise_for_status]
+    "EntryNotFound": "no such file", "RepoNotFound": "no such repository, or a private one",
+    "GatedRepo": "accept its terms on the hub, then `huggingface-cli download` it: its cache is "
+                 "used from there"}
 
 
 def hub_cache():
@@ -1234,12 +1223,6 @@ def hub_answer(url):
             sha256 if re.fullmatch(r"[0-9a-f]{64}", sha256) else None)
 
 
-HUB_ERRORS = {  # X-Error-Code -> what it means [huggingface_hub hf_raise_for_status]
-    "EntryNotFound": "no such file", "RepoNotFound": "no such repository, or a private one",
-    "GatedRepo": "accept its terms on the hub, then `huggingface-cli download` it: its cache is "
-                 "used from there"}
-
-
 def download(url, dest, expected_sha256=None, flag=None):
     """url -> dest with a progress line, resuming a .part file, checking the size and SHA-256 the
     hub states (or expected_sha256). A failed download leaves no empty folder; a cut one keeps its
@@ -1262,11 +1245,8 @@ def download(url, dest, expected_sha256=None, flag=None):
             raise OSError("short read")
     except urllib.error.HTTPError as e:
         code = e.headers.get("X-Error-Code")
-        why = ""
-        if code in HUB_ERRORS:
-            why = f" ({code}: {HUB_ERRORS[code]})"
-        elif code:
-            why = f" ({code})"
+        meaning = f": {HUB_ERRORS[code]}" if code in HUB_ERRORS else ""
+        why = f" ({code}{meaning})" if code else ""
         raise UserError(f"download of {url} failed: HTTP {e.code} {e.reason}{why}") from None
     except urllib.error.URLError as e:
         how = f"pass its path with {flag}" if flag else f"put it at {dest}"
@@ -1352,6 +1332,10 @@ def load_model(run, flag="--model", mlm_head=False):
 
 SENTEVAL_TASKS = ("STS", "SICK",  # the STS table; then the transfer tasks [SentEval]
                   "CR", "MPQA", "MR", "MRPC", "SST", "SUBJ", "TREC")
+SPLIT_FILES = {"STSBenchmark": {s: f"STS/STSBenchmark/sts-{s}.csv"
+                                for s in ("train", "dev", "test")},
+               "SICKRelatedness": {"train": "SICK/SICK_train.txt", "dev": "SICK/SICK_trial.txt",
+                                   "test": "SICK/SICK_test_annotated.txt"}}
 
 
 def download_senteval(dest=None, flag="--senteval"):
@@ -1417,20 +1401,12 @@ def resolve_senteval(path, mode="test"):
     return download_senteval()
 
 
-SPLIT_FILES = {"STSBenchmark": {s: f"STS/STSBenchmark/sts-{s}.csv"
-                                for s in ("train", "dev", "test")},
-               "SICKRelatedness": {"train": "SICK/SICK_train.txt", "dev": "SICK/SICK_trial.txt",
-                                   "test": "SICK/SICK_test_annotated.txt"}}
-
-
-def _joined(s):
-    return " ".join(s.split())  # SentEval splits on whitespace; its batcher re-joins with spaces
-
-
-def scored(a, b, gold):  # a Spearman needs 2 pairs at least: else a traceback at the run's end
-    if len(gold) < 2:
-        raise ValueError(f"{len(gold)} scored pair(s); a correlation needs 2 at least")
-    return a, b, gold
+def scored(rows, a, b, y):  # a Spearman needs 2 pairs at least: else a traceback at the run's end
+    if len(rows) < 2:
+        raise ValueError(f"{len(rows)} scored pair(s); a correlation needs 2 at least")
+    # a, b: sentence columns (SentEval splits on whitespace; its batcher re-joins with spaces)
+    return ([" ".join(r[a].split()) for r in rows], [" ".join(r[b].split()) for r in rows],
+            np.array([float(r[y]) for r in rows]))  # column y: the gold score
 
 
 def load_sts_subset(root, year, subset):
@@ -1442,9 +1418,8 @@ def load_sts_subset(root, year, subset):
         gold = read_utf8(folder / f"STS.gs.{subset}.txt").splitlines()
         if len(gold) != len(pairs):  # SentEval's not_empty_idx then fails: never score fewer
             raise ValueError(f"{len(pairs)} sentence pairs but {len(gold)} gold scores")
-        keep = [i for i, g in enumerate(gold) if g != ""]  # not_empty_idx [official SentEval]
-        return scored([_joined(pairs[i][0]) for i in keep], [_joined(pairs[i][1]) for i in keep],
-                      np.array([float(gold[i]) for i in keep]))
+        rows = [(p[0], p[1], g) for p, g in zip(pairs, gold) if g != ""]  # [SentEval not_empty_idx]
+        return scored(rows, 0, 1, 2)
 
 
 def load_sts_split(root, task, split):
@@ -1454,8 +1429,7 @@ def load_sts_split(root, task, split):
         lines = read_utf8(path).splitlines()
         rows = [r.strip().split("\t") for r in (lines if task == "STSBenchmark" else lines[1:])]
         a, b, y = (5, 6, 4) if task == "STSBenchmark" else (1, 2, 3)
-        return scored([_joined(r[a]) for r in rows], [_joined(r[b]) for r in rows],
-                      np.array([float(r[y]) for r in rows]))
+        return scored(rows, a, b, y)
 
 
 def load_sts(root, mode="test"):
@@ -1498,6 +1472,17 @@ def malformed_file(path):
 # --- Devices, precision, input checks -------------------------------------------------------------
 # Every flag and input checked before any work, one line naming the flag; no device swapped.
 
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+SHARED_CHECKS = {  # flag -> its interval ('[' includes the bound, '(' excludes it)
+    "seed": "[0, 4294967296)", "batch_size": "[2, inf)", "max_len": "[3, inf)", "lr": "(0, 1)",
+    "epochs": "[1, inf)", "max_steps": "[0, inf)", "temp": "(0, inf)", "eval_every": "[1, inf)",
+    "dropout": "[0, 1)", "save_every": "[0, inf)"}  # a method's own flags: its Config.checks
+WHY = {"seed": " (numpy's seed range)", "batch_size": " (a batch of one has no negatives)",
+       "max_len": " ([CLS], one token, [SEP])", "max_steps": " (0: all epochs)",
+       "save_every": " (0: only at the end and on a signal)"}
+MAX_DATA_BYTES = 16 << 30  # [impl] read into memory whole: a bound (wiki1m is 120 MB)
+
+
 def resolve_device(name):
     """'auto' -> cuda, mps or cpu; a device asked for but absent is an error, never a fallback."""
     mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
@@ -1511,9 +1496,6 @@ def resolve_device(name):
     if name == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # fast fp32
     return torch.device(name)
-
-
-PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
 
 def choose_precision(asked, device):
@@ -1540,15 +1522,6 @@ def check_compile(asked, device):
         raise UserError(f"--compile: torch.compile's GPU code (Triton) needs compute capability "
                         f"7.0 or newer, the {torch.cuda.get_device_name(device)} has "
                         f"{major}.{minor}: leave --compile out")
-
-
-SHARED_CHECKS = {  # flag -> its interval ('[' includes the bound, '(' excludes it)
-    "seed": "[0, 4294967296)", "batch_size": "[2, inf)", "max_len": "[3, inf)", "lr": "(0, 1)",
-    "epochs": "[1, inf)", "max_steps": "[0, inf)", "temp": "(0, inf)", "eval_every": "[1, inf)",
-    "dropout": "[0, 1)", "save_every": "[0, inf)"}  # a method's own flags: its Config.checks
-WHY = {"seed": " (numpy's seed range)", "batch_size": " (a batch of one has no negatives)",
-       "max_len": " ([CLS], one token, [SEP])", "max_steps": " (0: all epochs)",
-       "save_every": " (0: only at the end and on a signal)"}
 
 
 def in_interval(value, interval):
@@ -1578,9 +1551,6 @@ def check_inputs(cfg, models, world_size=1):
         check_model(getattr(cfg, field), f"--{field}")
     if not cfg.resume:
         check_out_dir(Path(cfg.out_dir), cfg.overwrite)
-
-
-MAX_DATA_BYTES = 16 << 30  # [impl] read into memory whole: a bound (wiki1m is 120 MB)
 
 
 def path_problem(path, folder=False):
@@ -2392,10 +2362,9 @@ def analyze_model(model, tok, root, pooler="cls_before_pooler", split="test", ba
                         f"diverged run?")
     va, vb = vectors[[index[s] for s in a]], vectors[[index[s] for s in b]]  # [N, H] each
     positive, sims = torch.as_tensor(gold > POSITIVE_GOLD), cosine(va, vb)  # [N] bool, sims [N]
-    align, uniform = alignment(va[positive], vb[positive]), uniformity(vectors)
     return {"split": f"STS-B {split}", "pooler": pooler, "pairs": len(gold),
             "positive_pairs": int((gold > POSITIVE_GOLD).sum()), "sentences": len(unique),
-            "alignment": align, "uniformity": uniform,
+            "alignment": alignment(va[positive], vb[positive]), "uniformity": uniformity(vectors),
             "stsb_spearman": 100 * scipy.stats.spearmanr(sims, gold)[0],
             "singular_values": singular_values(vectors).tolist(),
             "similarity_by_score": similarity_by_score(sims, gold)}
@@ -2834,6 +2803,7 @@ def evaluate_transfer(model, tok, root, mode="test", pooler="cls_before_pooler",
 # --- Using a model: encode, search, your own STS pairs -------------------------------------------
 
 CHUNK_LINES = 16_384  # corpus lines read, sorted by length and encoded at a time: encode's memory
+SCORE = re.compile(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*")  # a finite number
 
 
 def corpus_lines(path, flag):
@@ -2929,9 +2899,6 @@ def run_search(args):
     return found
 
 
-SCORE = re.compile(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*")  # a finite number
-
-
 def read_sts_pairs(path, flag):
     """A TSV of sentence 1, sentence 2, score (a header row allowed) -> (A, B, gold) as the STS
     tasks hold them; a bad row: one line naming the file and line."""
@@ -2945,17 +2912,7 @@ def read_sts_pairs(path, flag):
                             f"{row[-1][:20]!r}; a row is sentence 1, sentence 2, a score (tab)")
     if len(rows) < 2:
         raise UserError(f"{flag} {path}: {len(rows)} scored pair(s); a Spearman needs 2 at least")
-    return ([_joined(row[0]) for _, row in rows], [_joined(row[1]) for _, row in rows],
-            np.array([float(row[2]) for _, row in rows]))
-
-
-def load_results(path, flag):
-    """A run folder or its results.json -> the run's results; not a finished run's: one line."""
-    p = Path(path).expanduser()
-    r = read_json(p / "results.json" if p.is_dir() else p, f"{flag} {path}: a run's results.json")
-    if not (isinstance(r, dict) and {"method", "config", "test", "best_dev"} <= set(r)):
-        raise UserError(f"{flag} {path}: not a finished training run's results.json")
-    return {**r, "path": str(path)}
+    return scored([row for _, row in rows], 0, 1, 2)  # as SentEval's STS files are read
 
 
 # --- Command line: python common.py eval | download | analyze ------------------------------------
@@ -2991,6 +2948,8 @@ FLAG_GROUPS = {"data and model": ("data", "model", "senteval", "dev_file", "gene
                             "max_steps", "dropout", "compile"),
                "method": (),  # every other field: the method's own
                "run and output": ("out_dir", "eval_every", "save_every", "resume", "overwrite")}
+ANALYSIS_FILES = ("analysis.json", "align_uniform.svg", "singular_values.svg",
+                  "similarity_by_score.svg")  # what analyze writes in --out
 
 
 def parse_args(config_cls, argv=None):
@@ -3118,10 +3077,6 @@ def run_eval(args):
     return results
 
 
-ANALYSIS_FILES = ("analysis.json", "align_uniform.svg", "singular_values.svg",
-                  "similarity_by_score.svg")  # what analyze writes in --out
-
-
 def run_analyze(args):
     """Each model on STS-B test and dev, each run's dev path -> analysis.json, 3 SVGs in --out."""
     names, runs, out = [args.model, *args.compare], list(args.runs), Path(args.out).expanduser()
@@ -3184,14 +3139,18 @@ def check_cli_inputs(args, names, modes, runs=()):
 
 
 def load_run(path):
-    """A training run's results.json -> its name and alignment/uniformity history."""
-    r, folder = load_results(path, "--runs"), Path(path).expanduser().parent.name
+    """A finished run's folder or its results.json -> its name and alignment/uniformity history."""
+    p = Path(path).expanduser()
+    r = read_json(p / "results.json" if p.is_dir() else p, f"--runs {path}: a run's results.json")
+    if not (isinstance(r, dict) and {"method", "config", "test", "best_dev"} <= set(r)):
+        raise UserError(f"--runs {path}: not a finished training run's results.json")
+    folder = p.parent.name
     if not (isinstance(r.get("align_uniform"), list) and r["align_uniform"] and all(
             isinstance(x, list) and len(x) == 3 and type(x[0]) is int and all(  # [step, a, u]
                 v is None or type(v) in (int, float) for v in x[1:]) for x in r["align_uniform"])):
         raise UserError(f"--runs {path}: no align_uniform history of [step, alignment, uniformity]"
                         f" (written by training runs since issue 10)")
-    return {"path": str(Path(path).expanduser()), "name": r["method"] if folder == r["method"]
+    return {"path": str(p), "name": r["method"] if folder == r["method"]
             else f"{r['method']} ({folder})", "align_uniform": r["align_uniform"],
             "align_uniform_on": r.get("align_uniform_on", "STS-B dev")}
 
