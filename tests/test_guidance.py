@@ -12,7 +12,7 @@ import sys
 import pytest
 
 import common
-from tiny_world import make_model, make_senteval, tokenizer
+from tiny_world import make_model, make_senteval, seeded_run_folder, tokenizer
 
 ROOT = common.Path(common.__file__).parent
 METHODS = ["simcse_min.py", "esimcse_min.py", "simcsepp_min.py", "diffcse_min.py"]
@@ -110,6 +110,7 @@ def test_the_generator_script_explains_itself_and_fails_in_one_line(tmp_path, ca
     from make_generator import main
     out = help_text(capsys, main, ["--help"])
     assert "(default: 300)" in out and "--steps" in out and "../shared" not in out
+    assert "FROZEN pretrained BERT encoder." in " ".join(out.split())  # the description, whole
     data = tmp_path / "data.txt"
     data.write_text("a sentence .\n" * 2000)
     with pytest.raises(SystemExit) as e:
@@ -117,6 +118,13 @@ def test_the_generator_script_explains_itself_and_fails_in_one_line(tmp_path, ca
               str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("error: "), err
+
+
+def test_the_generator_takes_a_model_that_carries_a_pooler(tmp_path):
+    from make_generator import with_mlm_head
+    _, encoder = seeded_run_folder(tmp_path / "run")  # pooler.dense.*, as all-MiniLM-L6-v2 has
+    model = with_mlm_head(encoder)  # before: an AssertionError naming the pooler's tensors
+    assert model.pooler is None and model.mlm is not None
 
 
 # --- hints ----------------------------------------------------------------------------------------

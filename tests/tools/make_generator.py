@@ -37,7 +37,9 @@ def with_mlm_head(encoder):
     """A Bert with a fresh MLM head holding the encoder's weights, frozen; exactly the mlm.* tensors
     are new."""
     model = Bert(encoder.cfg, mlm_head=True)
-    missing, unexpected = model.load_state_dict(encoder.state_dict(), strict=False)
+    state = {k: v for k, v in encoder.state_dict().items()  # [HF BertForMaskedLM]: no pooler
+             if not k.startswith("pooler.")}  # (all-MiniLM-L6-v2 carries one since issue 41)
+    missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and set(missing) == {k for k in model.state_dict()
                                                if k.startswith("mlm.")}, \
         (missing, unexpected)
@@ -68,7 +70,8 @@ def accuracy(model, tok, sentences, max_len, gen, batch_size=256):
 
 
 def main(argv=None):
-    parser = OneLineErrors(description=__doc__.split("\n")[0], formatter_class=HelpFormatter)
+    parser = OneLineErrors(description=" ".join(__doc__.split("\n\n")[0].split()),
+                           formatter_class=HelpFormatter)  # the first paragraph whole
     need, train_ = parser.add_argument_group("data and model"), parser.add_argument_group(
         "training"
     )
