@@ -653,6 +653,7 @@ class AllGather(torch.autograd.Function):
 # ==================================================================================================
 import argparse
 import datetime
+import difflib
 import errno
 import gc
 import hashlib
@@ -1541,8 +1542,9 @@ def check_inputs(cfg, models, world_size=1):
             raise UserError(f"--{k} {v}: must be in {checks[k]}{WHY.get(k, '')}")
         if type(v) is float and not math.isfinite(v):
             raise UserError(f"--{k} {v}: must be a finite number")
-    if cfg.precision not in PRECISIONS:
-        raise UserError(f"--precision {cfg.precision}: choose {', '.join(PRECISIONS)}")
+    for k, choices in {"precision": PRECISIONS, "test": ("sts", "none")}.items():
+        if getattr(cfg, k) not in choices:
+            raise UserError(f"--{k} {getattr(cfg, k)}: choose {', '.join(choices)}")
     if cfg.batch_size % world_size:
         raise UserError(f"--batch_size {cfg.batch_size} is the global batch and must split evenly "
                         f"over {world_size} processes")
@@ -2033,10 +2035,14 @@ def catch_signals(run):
             raise KeyboardInterrupt
         run.signal = run.signal or signum
         later = "" if run.signals == 1 else "; no checkpoint yet: one first (again to stop now)"
-        print(f"\n{signal.Signals(signum).name}: stopping after this step with a checkpoint"
-              + (later or " (again to stop now)"), file=sys.stderr, flush=True)
+        what = "stopping after this step with a checkpoint" + (later or " (again to stop now)")
+        if getattr(run.evaluating, "what", "") == "STS test":  # the loop is over: nothing to stop
+            left = seconds_left(run, run.total, 0) - (time.time() - run.evaluating.start)
+            what = f"finishing the test table, about {max(left, 1):.0f} s; again to stop now, " \
+                "--resume then redoes it"
+        print(f"\n{signal.Signals(signum).name}: {what}", file=sys.stderr, flush=True)
     run.signals = 0
-    run.saving = False
+    run.saving, run.evaluating = False, None
     with contextlib.suppress(ValueError):  # handlers can only be set in the main thread
         run.old_handlers = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
 
@@ -2105,13 +2111,32 @@ def format_stats(run, stats):  # "loss 0.1234 | rtd 0.5678"; no training yet: "l
     return text + (f" | skipped {skipped_steps(run.opt, run.sched)}" if fp16 else "")
 
 
+def start_evaluation(run, what):
+    """run.progress(what): an evaluation's progress line; timed, apart from the training steps."""
+    run.evaluating = Progress(what)
+    return run.evaluating
+
+
 def log_progress(run, step, stats):
-    """A progress line about every 10 seconds between evaluations."""
+    """A progress line about every 10 seconds between evaluations: the training steps' pace, and
+    the time to the end, the evaluations left counted at their measured time [issue 42]."""
     if time.time() - run.last_print > 10:
-        rate = (step - run.first_step) / (time.time() - run.started)
+        per_step = (time.time() - run.clock) / (step - run.first_step)
         run.last_print = time.time()
-        run.log(f"step {step}/{run.total} | {format_stats(run, stats)} | {rate:.2f} "
-                f"steps/s | eta {(run.total - step) / rate / 60:.1f} min")
+        run.log(f"step {step}/{run.total} | {format_stats(run, stats)} | {1 / per_step:.2f} "
+                f"steps/s | eta {seconds_left(run, step, per_step) / 60:.1f} min")
+
+
+def seconds_left(run, step, per_step):
+    """The seconds after `step`: the steps at `per_step`, the evaluations at their mean so far."""
+    every = run.cfg.eval_every  # dev at its multiples and the last step; then the test table
+    evals = sum(s % every == 0 or s == run.total for s in range(step + 1, run.total + 1))
+    table = TEST_SENTENCES / (2 * len(run.dev_pairs[0])) if run.cfg.test == "sts" else 0
+    each = sum(run.eval_times) / max(len(run.eval_times), 1)
+    return (run.total - step) * per_step + each * (evals + table)
+
+
+TEST_SENTENCES = 26_083  # the distinct sentences of the 7 STS test sets, each encoded once
 
 
 def log_dev(run, step, dev, stats, best):
@@ -2119,13 +2144,16 @@ def log_dev(run, step, dev, stats, best):
     run.dev_history.append([step, round(dev["stsb_dev"], 4)])
     run.align_uniform.append([step, round(dev["align"], 6), round(dev["uniform"], 6)])
     run.stats_history.append([step, {k: float(v) for k, v in stats.items()}])
-    seconds = time.time() - run.started
-    steps = step - run.first_step
-    pace = f"{1000 * seconds / steps:.0f} ms/step" if steps else f"start-up {seconds:.1f} s"
+    steps = step - run.first_step  # the steps' seconds: their clock stops while evaluating
+    pace = f"{1000 * (run.evaluating.start - run.clock) / steps:.0f} ms/step" if steps else \
+        f"start-up {run.clock - run.started:.1f} s"  # loading the model and the data
+    run.eval_times.append(time.time() - run.evaluating.start)  # this evaluation's seconds
+    run.clock += run.eval_times[-1]
+    run.last_print = time.time()  # this line shows progress: the next one in 10 s, at a known pace
     label = "dev" if run.cfg.dev_file else "stsb_dev"  # the dev score's name in the log
     run.log(f"step {step} | {format_stats(run, stats)} | {label} {dev['stsb_dev']:.2f} "
             f"| align {dev['align']:.4f} uniform {dev['uniform']:.4f} | best "
-            f"{best['dev']:.2f} @ {best['step']} | {pace}")
+            f"{best['dev']:.2f} @ {best['step']} | {pace} | eval {run.eval_times[-1]:.1f} s")
 
 
 class Run:
@@ -2133,7 +2161,7 @@ class Run:
     lock, log.txt, the data, checkpoints, Ctrl-C/SIGTERM, torchrun. The loop stays in train().
     Most are defined with their guarantee above: run.log_dev(...) is log_dev(run, ...)."""
 
-    progress = Progress  # run.progress("STS test"): a progress line for a long evaluation
+    progress = start_evaluation  # run.progress("STS test"): a timed evaluation's progress line
     log_progress = log_progress
     log_dev = log_dev
     save_checkpoint = save_checkpoint
@@ -2173,7 +2201,7 @@ class Run:
         self.dev_name = cfg.dev_file or "STS-B dev"  # the pairs that pick the best step
         self.dev_pairs = read_sts_pairs(cfg.dev_file, "--dev_file") if cfg.dev_file else \
             load_sts(self.senteval, "dev")["STSBenchmark"]["dev"]
-        self.dev_history, self.stats_history, self.align_uniform = [], [], []
+        self.dev_history, self.stats_history, self.align_uniform, self.eval_times = [], [], [], []
         self.started = self.last_print = time.time()
 
     def log(self, msg):
@@ -2197,6 +2225,7 @@ class Run:
     def start(self, checkpointed, total):
         """Open out_dir, catch Ctrl-C/SIGTERM -> (0, {}), or the --resume step and its stats."""
         self.total = total
+        self.clock = time.time()  # the training steps' clock; log_dev adds each evaluation's time
         step, stats = restore_checkpoint(self, checkpointed) if self.resumed else (0, {})
         self.opt, self.sched = checkpointed["opt"], checkpointed["sched"]  # for skipped_steps
         open_out_dir(self)
@@ -2215,13 +2244,13 @@ class Run:
         (rank 0); `stopped` (a non-finite loss): then TrainingStopped, exit status 3."""
         if stopped:
             self.log(stopped)
-        self.log(format_table(test))
+        self.log(format_table(test) if test else "no test table (--test none)")
         results = {"method": self.method, "config": dataclasses.asdict(self.cfg),
                    "dev_history": self.dev_history, "stats_history": self.stats_history,
                    "align_uniform": self.align_uniform, "align_uniform_on": self.dev_name,
                    "best_step": best["step"], "best_dev": round(best["dev"], 4),
                    "test": {k: round(v, 4) for k, v in test.items() if k != "details"},
-                   "test_details": test["details"],
+                   "test_details": test.get("details", {}),
                    "train_seconds": round(time.time() - self.started, 1),
                    **({"stopped": stopped} if stopped else {})}
         write_json(self.out / "results.json", results)
@@ -2918,9 +2947,19 @@ def read_sts_pairs(path, flag):
 # --- Command line: python common.py eval | download | analyze ------------------------------------
 
 class OneLineErrors(argparse.ArgumentParser):
-    """A bad flag: one line on stderr (not the whole usage), exit status 2, like every bad input."""
+    """A bad flag: one line on stderr (not the whole usage), exit status 2, like every bad input;
+    never guessed from its first letters (--max_step is no --max_steps): the nearest is named."""
+
+    def __init__(self, **kwargs):  # our --help layout unless another is asked for
+        super().__init__(allow_abbrev=False, **{"formatter_class": HelpFormatter, **kwargs})
 
     def error(self, message):
+        if unknown := re.match(r"unrecognized arguments: (--[^\s=]+)", message):  # the first
+            wanted, known = "--" + unknown[1][2:].replace("-", "_"), self._option_string_actions
+            near = [k for k in known if k.startswith(wanted)] or \
+                difflib.get_close_matches(wanted, known, n=1)  # a prefix's flags, else the nearest
+            message = f"unknown flag {unknown[1]}" + (f"; did you mean {' or '.join(near)}?"
+                                                      if near else "")
         print(f"error: {message} (see --help)", file=sys.stderr)
         sys.exit(2)
 
@@ -2947,7 +2986,8 @@ FLAG_GROUPS = {"data and model": ("data", "model", "senteval", "dev_file", "gene
                "training": ("device", "precision", "seed", "batch_size", "max_len", "lr", "epochs",
                             "max_steps", "dropout", "compile"),
                "method": (),  # every other field: the method's own
-               "run and output": ("out_dir", "eval_every", "save_every", "resume", "overwrite")}
+               "run and output": ("out_dir", "eval_every", "test", "save_every", "resume",
+                                  "overwrite")}
 ANALYSIS_FILES = ("analysis.json", "align_uniform.svg", "singular_values.svg",
                   "similarity_by_score.svg")  # what analyze writes in --out
 
@@ -2957,7 +2997,7 @@ def parse_args(config_cls, argv=None):
     their comments."""
     helps = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.+)$", inspect.getsource(config_cls), re.M))
     doc = " ".join((sys.modules[config_cls.__module__].__doc__ or "").split("\n\n")[0].split())
-    parser = OneLineErrors(description=doc, formatter_class=HelpFormatter)
+    parser = OneLineErrors(description=doc)
     groups = {name: parser.add_argument_group(name) for name in FLAG_GROUPS}
     kinds = {"bool": parse_bool, "int": int, "float": float}
     for f in dataclasses.fields(config_cls):
@@ -2978,17 +3018,16 @@ def parse_bool(s):
 
 def cli(argv=None):
     """python common.py eval | analyze | encode | ..., each with --help; alone: the commands."""
-    fmt = {"formatter_class": HelpFormatter}
     parser = OneLineErrors(prog="common.py", description="simcse-min tools: evaluation, analysis, "
-                           "encoding and search, downloads.", **fmt)
+                           "encoding and search, downloads.")
     sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
-    ev = sub.add_parser("eval", help="STS or transfer table of a model, as in the papers", **fmt)
+    ev = sub.add_parser("eval", help="STS or transfer table of a model, as in the papers")
     an = sub.add_parser("analyze", help="alignment/uniformity, singular values, similarity by gold "
-                        "score: JSON + SVGs", **fmt)
-    en = sub.add_parser("encode", help="a text file's sentences -> vectors (.npy)", **fmt)
-    se = sub.add_parser("search", help="the corpus sentences nearest a query (cosine)", **fmt)
+                        "score: JSON + SVGs")
+    en = sub.add_parser("encode", help="a text file's sentences -> vectors (.npy)")
+    se = sub.add_parser("search", help="the corpus sentences nearest a query (cosine)")
     dl = sub.add_parser("download", help="fetch a model or data set into ~/.cache/simcse-min "
-                        "(needs internet)", **fmt)
+                        "(needs internet)")
     data = ", ".join(k for k in KNOWN_DATA if k != "senteval.tar")
     dl.add_argument("what", help=f"senteval (SimCSE's senteval.tar, unpacked), a data file "
                                  f"({data}) or a model ({', '.join(KNOWN_MODELS)})")
@@ -3009,7 +3048,9 @@ def cli(argv=None):
         run.add_argument("--device", default="auto", help="cpu, cuda or mps; auto: cuda, else mps, "
                          "else cpu")
     add_command_flags(ev, an, en, se)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # a command's flag: that command names the nearest of its own
+        sub.choices.get(args.command, parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:  # `python common.py` alone: what it can do
         return parser.print_help()
     if args.command != "download":
@@ -3144,14 +3185,13 @@ def load_run(path):
     r = read_json(p / "results.json" if p.is_dir() else p, f"--runs {path}: a run's results.json")
     if not (isinstance(r, dict) and {"method", "config", "test", "best_dev"} <= set(r)):
         raise UserError(f"--runs {path}: not a finished training run's results.json")
-    folder = p.parent.name
     if not (isinstance(r.get("align_uniform"), list) and r["align_uniform"] and all(
             isinstance(x, list) and len(x) == 3 and type(x[0]) is int and all(  # [step, a, u]
                 v is None or type(v) in (int, float) for v in x[1:]) for x in r["align_uniform"])):
         raise UserError(f"--runs {path}: no align_uniform history of [step, alignment, uniformity]"
                         f" (written by training runs since issue 10)")
-    return {"path": str(p), "name": r["method"] if folder == r["method"]
-            else f"{r['method']} ({folder})", "align_uniform": r["align_uniform"],
+    return {"path": str(p), "name": r["method"] if p.parent.name == r["method"]
+            else f"{r['method']} ({p.parent.name})", "align_uniform": r["align_uniform"],
             "align_uniform_on": r.get("align_uniform_on", "STS-B dev")}
 
 

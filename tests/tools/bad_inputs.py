@@ -296,6 +296,10 @@ def cases(tmp):
             True,
         ),
         ("--lr abc (not a number)", "simcse", base + data + ["--lr", "abc"], 2, True),
+        ("--test nne (no such table)", "simcse", base + data + ["--test", "nne"], 2, True),
+        ("--max_step 3 (a prefix, never guessed)", "esimcse", base + data + ["--max_step", "3"], 2,
+         True),
+        ("--eval-every 1 (dashes)", "simcsepp", base + data + ["--eval-every", "1"], 2, True),
         (
             "data is a FIFO (would never end)",
             "simcse",

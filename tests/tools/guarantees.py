@@ -41,7 +41,8 @@ TESTS = {  # ruler title -> the test files that pin its guarantee, written by ha
     "Resumable runs: checkpoint.pt, Ctrl-C and SIGTERM":
         ["test_resume.py", "test_signals.py", "test_precision.py"],
     "The run: the operations a train() calls, its log lines":
-        ["test_host_syncs.py", "test_guidance.py", "test_compile.py"],
+        ["test_host_syncs.py", "test_guidance.py", "test_compile.py",
+         "test_first_fifteen_minutes.py"],
     "torchrun: the process group (shard, all_gather: Part 1; the DDP wrapping: Run)":
         ["test_ddp.py"],
 }
