@@ -5,7 +5,7 @@ DiffCSE needs a masked language model (distilbert-base-uncased in the paper). Of
 none, so this fits common.MLMHead (dense, GELU, LayerNorm, bias; the decoder is the frozen
 word-embedding matrix, tied) on the frozen all-MiniLM-L6-v2 encoder with BERT's 15% masking
 (80/10/10) on the wiki sample, prints the masked-token accuracy on held-out sentences, and saves a
-BertForMaskedLM folder. Not a test (pytest collects test_*.py only). 3-7 minutes on a 2-core CPU.
+BertForMaskedLM folder. Not a test (pytest collects test_*.py only). About 5 minutes on 2 CPU cores.
 
 Unlike BERT, the loss covers every real token, not only the chosen 15%. DiffCSE labels a token
 "replaced" wherever the generator's argmax differs from the original, masked or not, and a
