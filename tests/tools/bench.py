@@ -327,7 +327,7 @@ def fmt_ms(s):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", default=os.environ.get("SIMCSE_TEST_MODEL") or "bert-base",
                    help="model folder, or bert-base (bert-base-uncased config, random weights)")

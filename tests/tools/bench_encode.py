@@ -44,7 +44,7 @@ def corpus(path, lines, n, words):
 def main():
     if sys.argv[1:2] == ["--child"]:
         return child(sys.argv[2:])
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True)
     p.add_argument("--data", required=True, help="sentences, one a line")
     p.add_argument("--lines", type=int, default=20_000, help="the small corpus; the large: 10x")

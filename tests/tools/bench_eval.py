@@ -37,7 +37,7 @@ def md_table(header, rows):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=os.environ.get("SIMCSE_TEST_MODEL", ""))
     p.add_argument("--senteval", default=os.environ.get("SIMCSE_SENTEVAL", ""))
     p.add_argument("--poolers", default=",".join(common.POOLERS))

@@ -35,7 +35,7 @@ def step_ms(module, model, head, ids, mask, cfg, device):
 
 
 def main():
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(allow_abbrev=False)
     p.add_argument("--model", required=True)
     p.add_argument("--data", required=True)
     p.add_argument("--device", default="cpu")

@@ -161,7 +161,7 @@ def run_ours(task, data, mode, device):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--senteval", help="a SentEval checkout: time its code, not ours")
     p.add_argument("--mode", choices=sorted(MODES), default="test")
     p.add_argument("--tasks", nargs="+", choices=TASKS, default=TASKS)

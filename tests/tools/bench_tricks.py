@@ -271,7 +271,7 @@ def tokenizer_contenders(tok, texts, max_len, warm):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     env = {k: os.environ.get(k) or v for k, v in DEFAULTS.items()}
     p.add_argument("--model", default=env["SIMCSE_TEST_MODEL"], help="a model folder")
     p.add_argument("--senteval", default=env["SIMCSE_SENTEVAL"])

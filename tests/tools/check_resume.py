@@ -45,7 +45,7 @@ def comparable(out):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     p.add_argument("--method", default="simcse", choices=["simcse", "esimcse", "simcsepp",
                                                           "diffcse"])
     p.add_argument("--steps", type=int, default=40)

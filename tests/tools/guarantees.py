@@ -96,7 +96,7 @@ def write(doc=DOC):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--write", action="store_true", help=f"put the table into {DOC.name}")
     args = p.parse_args()
     print(table())

@@ -76,7 +76,7 @@ def run_mutant(m, timeout):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     parser.add_argument("names", nargs="*", help="mutants to run (default: all)")
     parser.add_argument("--list", action="store_true", help="print the mutants and stop")
     parser.add_argument("--jobs", type=int, default=2, help="mutants checked at once")

@@ -75,7 +75,7 @@ def shape(node):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--file", default="common.py", help="the file to count (default common.py)")
     p.add_argument("--quiet", action="store_true", help="the counts only, no line list")
     args = p.parse_args()
