@@ -2955,7 +2955,7 @@ class OneLineErrors(argparse.ArgumentParser):
 
     def error(self, message):
         if unknown := re.match(r"unrecognized arguments: (--[^\s=]+)", message):  # the first
-            wanted, known = "--" + unknown[1][2:].replace("-", "_"), self._option_string_actions
+            wanted, known = unknown[1], self._option_string_actions  # difflib: - for _ too
             near = [k for k in known if k.startswith(wanted)] or \
                 difflib.get_close_matches(wanted, known, n=1)  # a prefix's flags, else the nearest
             message = f"unknown flag {unknown[1]}" + (f"; did you mean {' or '.join(near)}?"

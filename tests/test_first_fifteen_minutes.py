@@ -17,7 +17,8 @@ METHODS = [simcse_min, esimcse_min, simcsepp_min, diffcse_min]
 
 @pytest.mark.parametrize("module", METHODS, ids=lambda m: m.__name__)
 @pytest.mark.parametrize("typed, meant", [("--max_step", "--max_steps"), ("--eval", "--eval_every"),
-                                          ("--eval-every", "--eval_every"), ("--tes", "--test")])
+                                          ("--eval-every", "--eval_every"), ("--tes", "--test"),
+                                          ("--max_stesp", "--max_steps")])  # a typo: difflib
 def test_a_method_flag_is_never_guessed_and_the_nearest_is_named(module, typed, meant, capsys):
     with pytest.raises(SystemExit) as stop:  # argparse took a prefix as its flag before
         common.parse_args(module.Config, [typed, "10"])
@@ -28,6 +29,7 @@ def test_a_method_flag_is_never_guessed_and_the_nearest_is_named(module, typed, 
 
 @pytest.mark.parametrize("argv, typed, meant", [
     (["eval", "--model", "m", "--pool", "cls"], "--pool", "--pooler"),
+    (["eval", "--model", "m", "--poolr", "cls"], "--poolr", "--pooler"),
     (["analyze", "--model", "m", "--out", "o", "--comp", "x"], "--comp", "--compare"),
     (["encode", "--model", "m", "--input", "f", "--out", "v", "--batch", "8"], "--batch",
      "--batch_size"),

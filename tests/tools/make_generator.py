@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 # noqa: E402
-from common import (Bert, HelpFormatter, OneLineErrors, Tokenizer, UserError,  # noqa: E402
+from common import (Bert, OneLineErrors, Tokenizer, UserError,  # noqa: E402
                     main_guard, read_lines, save_pretrained)
 from diffcse_min import mask_tokens  # noqa: E402
 
@@ -70,8 +70,8 @@ def accuracy(model, tok, sentences, max_len, gen, batch_size=256):
 
 
 def main(argv=None):
-    parser = OneLineErrors(description=" ".join(__doc__.split("\n\n")[0].split()),
-                           formatter_class=HelpFormatter)  # the first paragraph whole
+    about = " ".join(__doc__.split("\n\n")[0].split())  # the first paragraph, whole, one line
+    parser = OneLineErrors(description=about)  # common.py's --help layout and one-line errors
     need, train_ = parser.add_argument_group("data and model"), parser.add_argument_group(
         "training"
     )
