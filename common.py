@@ -343,8 +343,10 @@ class Bert(nn.Module):
             return states[-1][:, 0]  # [B, H]
         return states[-1]
 
-    def forward(self, ids, mask, cls_only=False):  # ids, mask [B, L] -> [B, L, H], or [B, H]
-        return self.encode(self.embeddings(ids), mask, cls_only=cls_only)
+    def forward(self, ids, mask, cls_only=False, chunk_size=0):  # ids, mask [B, L] -> [B, L, H]
+        if 0 < chunk_size < len(ids):  # the same output, chunk_size rows at a time (gradient_cache)
+            return gradient_cache(self, chunk_size, ids, mask, cls_only=cls_only)
+        return self.encode(self.embeddings(ids), mask, cls_only=cls_only)  # cls_only: [B, H]
 
     def mlm_logits(self, h):  # h [B, L, H] -> [B, L, V]
         return self.mlm(h, self.embeddings.word_embeddings.weight)
@@ -646,6 +648,73 @@ class AllGather(torch.autograd.Function):
         rank, size = world()
         b = grad.size(1) // size
         return grad[:, rank * b:(rank + 1) * b]
+
+
+# Large batches on small GPUs: gradient caching [Gao et al. 2021, arXiv:2101.06983], --chunk_size.
+
+def gradient_cache(module, chunk_size, *inputs, **kwargs):
+    """module(*inputs, **kwargs), inputs [N, ...], chunk_size rows at a time: the whole batch's
+    exact step with the activation memory of one chunk. Gradient accumulation would change the
+    method: each micro-batch would see only its own negatives. Here the loss sees them all:
+      1. forward: each chunk encoded without a graph, its random state kept -> the vectors [N, ...]
+      2. the loss, and autograd's gradient of it with respect to those vectors: the cache
+      3. backward: each chunk encoded again with its graph, replaying step 1 (random state, so the
+         same dropout masks; autocast; module modes), as torch.utils.checkpoint does, and its rows
+         of the cached gradient back-propagated into the parameters and float inputs (DiffCSE's h).
+    The parameter gradients leave summed, as one result: DDP syncs them once per step."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    return GradientCache.apply(module, chunk_size, kwargs, len(inputs), *inputs, *params)
+
+
+class GradientCache(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, module, chunk_size, kwargs, n_inputs, *tensors):  # the inputs, parameters
+        ctx.module, ctx.kwargs, ctx.chunk_size = module, kwargs, chunk_size
+        ctx.inputs = tensors[:n_inputs]  # [N, ...] each
+        ctx.params = tensors[n_inputs:]
+        ctx.device = tensors[0].device
+        kind = ctx.device.type  # step 1's autocast, for step 3:
+        ctx.autocast = torch.autocast(kind, torch.get_autocast_dtype(kind),
+                                      enabled=torch.is_autocast_enabled(kind))
+        ctx.modes = [(m, m.training) for m in module.modules()]  # SimCSE++'s dropout-off pass
+        ctx.states, vectors = [], []
+        for chunk in zip(*(x.split(chunk_size) for x in ctx.inputs)):  # no graph in a forward
+            ctx.states.append(random_states(ctx.device))
+            vectors.append(module(*chunk, **kwargs))
+        return torch.cat(vectors)  # [N, ...]
+
+    @staticmethod
+    def backward(ctx, grad):  # grad [N, ...]: the loss's gradient w.r.t. the vectors, cached
+        wants = ctx.needs_input_grad[4:]  # per tensor: the inputs (DiffCSE's h), the parameters
+        inputs = [x.detach().requires_grad_(want) for x, want in zip(ctx.inputs, wants)]
+        wanted = [x for x in inputs if x.requires_grad] + list(ctx.params)
+        sums = [torch.zeros_like(x) for x in wanted]  # each wanted gradient, over the chunks
+        states = random_states(ctx.device)
+        modes = [(m, m.training) for m, _ in ctx.modes]
+        for m, training in ctx.modes:  # eval, say, in step 1: eval now
+            m.training = training
+        with torch.enable_grad(), ctx.autocast:
+            chunks = zip(*(x.split(ctx.chunk_size) for x in inputs))  # views: h's gradient [N, H]
+            for chunk, state, g in zip(chunks, ctx.states, grad.split(ctx.chunk_size)):
+                set_random_states(state, ctx.device)  # the first pass's dropout masks again
+                vectors = ctx.module(*chunk, **ctx.kwargs)  # [n, ...], with its graph
+                got = torch.autograd.grad(vectors, wanted, g, materialize_grads=True)  # 0: unused
+                torch._foreach_add_(sums, got)  # one fused add [impl]
+        set_random_states(states, ctx.device)  # as they were: the next draws are new ones
+        for m, training in modes:
+            m.training = training
+        return (None,) * 4 + tuple(sums.pop(0) if want else None for want in wants)
+
+
+def random_states(device):  # what dropout draws from: the CPU's generator and the GPU's
+    gpu = getattr(torch, device.type) if device.type != "cpu" else None
+    return torch.get_rng_state(), gpu.get_rng_state(device) if gpu else None
+
+
+def set_random_states(states, device):
+    torch.set_rng_state(states[0])
+    if states[1] is not None:
+        getattr(torch, device.type).set_rng_state(states[1], device)
 
 
 # ==================================================================================================
@@ -1477,10 +1546,10 @@ PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 SHARED_CHECKS = {  # flag -> its interval ('[' includes the bound, '(' excludes it)
     "seed": "[0, 4294967296)", "batch_size": "[2, inf)", "max_len": "[3, inf)", "lr": "(0, 1)",
     "epochs": "[1, inf)", "max_steps": "[0, inf)", "temp": "(0, inf)", "eval_every": "[1, inf)",
-    "dropout": "[0, 1)", "save_every": "[0, inf)"}  # a method's own flags: its Config.checks
+    "dropout": "[0, 1)", "save_every": "[0, inf)", "chunk_size": "[0, inf)"}  # and Config.checks
 WHY = {"seed": " (numpy's seed range)", "batch_size": " (a batch of one has no negatives)",
        "max_len": " ([CLS], one token, [SEP])", "max_steps": " (0: all epochs)",
-       "save_every": " (0: only at the end and on a signal)"}
+       "save_every": " (0: only at the end and on a signal)", "chunk_size": " (0: the whole batch)"}
 MAX_DATA_BYTES = 16 << 30  # [impl] read into memory whole: a bound (wiki1m is 120 MB)
 
 
@@ -1545,6 +1614,8 @@ def check_inputs(cfg, models, world_size=1):
     for k, choices in {"precision": PRECISIONS, "test": ("sts", "none")}.items():
         if getattr(cfg, k) not in choices:
             raise UserError(f"--{k} {getattr(cfg, k)}: choose {', '.join(choices)}")
+    if cfg.compile and cfg.chunk_size:  # measured on an H200: docs/large-batches.md
+        raise UserError("--compile and --chunk_size: compiled chunks redraw dropout; leave one out")
     if cfg.batch_size % world_size:
         raise UserError(f"--batch_size {cfg.batch_size} is the global batch and must split evenly "
                         f"over {world_size} processes")
@@ -2171,9 +2242,8 @@ class Run:
     load_data = load_data
 
     def __init__(self, cfg, script, models=("model",)):
-        method = Path(script).stem.removesuffix("_min")  # simcse, esimcse, simcsepp or diffcse
         self.cfg = cfg
-        self.method = method
+        self.method = method = Path(script).stem.removesuffix("_min")  # simcse, ..., diffcse
         self.log_lines = []  # the log waits for start()
         self.out = out_dir_of(cfg, method)
         self.out_existed = self.out.is_dir()
@@ -2983,8 +3053,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 FLAG_GROUPS = {"data and model": ("data", "model", "senteval", "dev_file", "generator"),
-               "training": ("device", "precision", "seed", "batch_size", "max_len", "lr", "epochs",
-                            "max_steps", "dropout", "compile"),
+               "training": ("device", "precision", "seed", "batch_size", "chunk_size", "max_len",
+                            "lr", "epochs", "max_steps", "dropout", "compile"),
                "method": (),  # every other field: the method's own
                "run and output": ("out_dir", "eval_every", "test", "save_every", "resume",
                                   "overwrite")}

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from common import (DevSet, LossWatch, Run, all_gather, epoch_batches, evaluate_dev, evaluate_sts,
                     keep_best, main_guard, make_optimizer, optimizer_step, parse_args,
                     save_pretrained, shard, total_steps, upcast)
-from common import UserError  # DiffCSE
+from common import UserError, gradient_cache  # DiffCSE
 
 
 # ---- Config
@@ -36,6 +36,7 @@ class Config:
     precision: str = "auto"  # auto: bf16 where the GPU has it, else fp16 + a loss scaler; CPU: fp32
     seed: int = 42  # dropout masks, data order, views [official run_unsup_example.sh]
     batch_size: int = 64  # sentences per step [every paper, BERT-base]
+    chunk_size: int = 0  # the whole batch's step, computed this many rows at a time (0: at once)
     max_len: int = 32  # training length in tokens, [CLS] and [SEP] included [official code]
     lr: float = 7e-6  # peak learning rate, linear decay to 0 [paper App. A; run_diffcse.sh]
     epochs: int = 2  # passes over the data [paper App. A; official run_diffcse.sh]
@@ -100,7 +101,7 @@ class BNProjector(nn.Module):
         for m in self.net[::3]:
             nn.init.normal_(m.weight, std=0.02)  # [official code: init_weights runs after]
 
-    def forward(self, x):  # [N, H] -> [N, H]; one call on both views: BatchNorm over 2B rows
+    def forward(self, x):  # [N, H] -> [N, H]
         return self.net(x)
 
 
@@ -112,7 +113,9 @@ class Discriminator(nn.Module):
         self.bert = bert
         self.head = nn.Linear(bert.cfg.hidden_size, 2)  # PyTorch's default init [official code]
 
-    def forward(self, ids, mask, h):  # ids, mask [N, L], h [N, H] -> logits [N, L, 2] (1: replaced)
+    def forward(self, ids, mask, h, chunk_size=0):  # ids, mask [N, L], h [N, H] -> [N, L, 2]
+        if 0 < chunk_size < len(ids):  # the same logits, chunk_size rows at a time; h's gradient
+            return gradient_cache(self, chunk_size, ids, mask, h)  # too [common.gradient_cache]
         x = self.bert.embeddings(ids)  # [N, L, H]
         x = torch.cat([h[:, None].to(x.dtype), x[:, 1:]], dim=1)  # no extra LayerNorm [official]
         return self.head(self.bert.encode(x, mask))
@@ -124,7 +127,7 @@ def load_generator(run, tok):
     if generator_tok.vocab != tok.vocab:  # [official DiffCSE issue #1]
         raise UserError(f"--generator {run.cfg.generator} has another vocabulary (RoBERTa: "
                         f"distilroberta-base)")
-    return generator.requires_grad_(False)
+    return generator.requires_grad_(False).train()  # subtle: its dropout stays on [official code]
 
 
 # ---- Loss
@@ -165,9 +168,9 @@ def train_step(model, head, ids, mask, cfg, disc, generator, tok, gen):
     specials = (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id)  # [official collator]
     masked, _ = mask_tokens(ids, mask, cfg.mask_ratio, tok.mask_id, len(tok.vocab), specials, gen)
     ids, mask, masked = (shard(t, views=2) for t in (ids, mask, masked))  # [2b, L]: this process's
-    h = head(all_gather(model(ids, mask, cls_only=True), views=2))  # [2B, H], every process
+    h = head(all_gather(model(ids, mask, True, cfg.chunk_size), views=2))  # [2B, H], BN over all
     corrupted, labels = corrupt(generator, masked, ids, mask, tok)  # [2b, L]
-    logits = disc(corrupted, mask, shard(h, views=2))  # [2b, L, 2], with gradient into h
+    logits = disc(corrupted, mask, shard(h, views=2), cfg.chunk_size)  # [2b, L, 2], h's gradient
     logits, labels, mask = (all_gather(t, views=2) for t in (logits, labels, mask))  # [2B, L(, 2)]
     with torch.autocast(h.device.type, enabled=False):  # the loss math in fp32 at least [DESIGN]
         h, logits = upcast(h.view(2, B, -1)), upcast(logits)  # [2, B, H], [2B, L, 2]
@@ -199,7 +202,6 @@ def train(cfg):
     start, stats = run.start(checkpointed, total)  # 0, or the resumed step, as it was then
     ddp_model = run.ddp(model).train()  # torchrun: gradients averaged (the head's too)
     ddp_disc = run.ddp(disc).train()  # DiffCSE
-    generator.train()  # DiffCSE subtle: frozen, yet its dropout stays on [official code]
     batches, watch = epoch_batches(data, tok, cfg, start, total), LossWatch()
     for step in range(start, total + 1):  # step: optimizer steps done so far
         stop = run.signal_received(step)  # Ctrl-C or SIGTERM, the same on every process

@@ -39,6 +39,7 @@ class Config:
     precision: str = "auto"  # auto: bf16 where the GPU has it, else fp16 + a loss scaler; CPU: fp32
     seed: int = 42  # dropout masks, data order, views [official run_unsup_example.sh]
     batch_size: int = 64  # sentences per step [every paper, BERT-base]
+    chunk_size: int = 0  # the whole batch's step, computed this many rows at a time (0: at once)
     max_len: int = 32  # training length in tokens, [CLS] and [SEP] included [official code]
     lr: float = 3e-5  # peak learning rate, linear decay to 0 [every paper but DiffCSE]
     epochs: int = 1  # passes over the data [every paper but DiffCSE]
@@ -134,13 +135,13 @@ def train_step(model, head, ids, mask, cfg, momentum, queue, rng):
     B, device = ids.size(0), next(model.parameters()).device  # ids, mask [B, C, L] on the CPU
     views = [shard(v, 2).to(device) for v in make_views(ids, mask, cfg.dup_rate, rng, cfg.compile)]
     ids, mask = shard(ids).to(device), shard(mask).to(device)  # [b, C, L]: this process's rows
-    cls = model(*views, cls_only=True)  # [V*b, H]
+    cls = model(*views, cls_only=True, chunk_size=cfg.chunk_size)  # [V*b, H]
     h = all_gather(head(cls), views=len(cls) // len(ids)).view(-1, B, cls.size(-1))  # [V, B, H]
     queued = torch.stack([*queue]) if queue else h.new_zeros(0, h.size(-1))  # [M, H]
     with torch.autocast(h.device.type, enabled=False):  # the loss math in fp32 at least [DESIGN]
         loss, stats = loss_fn(upcast(h), upcast(queued), cfg.temp)
     if momentum is not None:  # the sentences, through the online head, detached [official code]
-        q = head(momentum(ids[:, 0], mask[:, 0], cls_only=True)).detach()  # [b, H]
+        q = head(momentum(ids[:, 0], mask[:, 0], True, cfg.chunk_size)).detach()  # [b, H]
         queue.extend(upcast(all_gather(q)).unbind())  # B rows, every process
     return loss, stats
 

@@ -1,8 +1,10 @@
 """The two-process world of test_ddp.py: the same global batches, models whose vectors differ,
-each method's loop pieces run for two steps, and the worker that torch.multiprocessing spawns
-(importable: spawned processes import this module, not the test file)."""
+each method's loop pieces run for two steps (and, chunked, for 8 [issue 44]), and the worker that
+torch.multiprocessing spawns (importable: spawned processes import this module, not the test
+file). Masks: the dropout masks of one run, replayed in another (test_gradient_cache.py)."""
 import collections
 import copy
+import functools
 import importlib
 import os
 import random
@@ -17,24 +19,65 @@ from tiny_world import sentence, tokenizer
 METHODS = ["simcse", "esimcse", "simcsepp", "diffcse"]
 # global batch; a large learning rate so a wrong gradient shows in the parameters
 B, STEPS, LR = 8, 2, 1e-3
+# chunked = unchunked to 1e-12 [issue 44], but where the gradient is 0 in exact arithmetic: its
+# rounding noise (~1e-17), divided by AdamW by its own size, moves the parameter ~lr/1e9. The key
+# biases (softmax ignores a shift shared by a row's logits); the last layer's output bias before
+# DiffCSE's BatchNorm (it removes a shift shared by all rows).
+NOISE_ONLY = ("key.bias", "layers.1.ffn_norm.bias")
 
 
-def batches(tok, columns):
-    """STEPS global batches of B rows x columns sentences: ids, mask [B, C, L], lengths varying
-    (padding)."""
+def tolerance(name):
+    return 1e-11 if name.endswith(NOISE_ONLY) else 1e-12
+
+
+def batches(tok, columns, batch=B, steps=STEPS):
+    """`steps` global batches of `batch` rows x columns sentences: ids, mask [B, C, L], lengths
+    varying (padding)."""
     rng = random.Random(0)
     out = []
-    for _ in range(STEPS):
-        ids, mask = tok([sentence(rng) for _ in range(B * columns)])  # [B*C, L]
-        out.append((ids.view(B, columns, -1), mask.view(B, columns, -1)))
+    for _ in range(steps):
+        ids, mask = tok([sentence(rng) for _ in range(batch * columns)])  # [B*C, L]
+        out.append((ids.view(batch, columns, -1), mask.view(batch, columns, -1)))
     return out
 
 
-def no_dropout_bert(tok, mlm_head=False):
-    """A tiny float64 BERT without dropout; weights N(0, 0.3), not BERT's 0.02, so that sentences
+class Masks:
+    """Hidden dropout that records its masks in one run (each chunk's first pass: no graph) and
+    replays them in the next, joined along the batch: the unchunked step with the chunked step's
+    masks. A Layer calls its dropout twice (attention output, FFN): two streams."""
+
+    def __init__(self):
+        self.saved, self.replay = collections.defaultdict(list), False
+
+    def patch(self, **roots):
+        for root, module in roots.items():
+            for name, m in module.named_modules():
+                if isinstance(m, torch.nn.Dropout):
+                    m.calls, m.forward = 0, functools.partial(self.dropout, m, root + "." + name)
+
+    def dropout(self, m, name, x):
+        key = (name, m.calls % (2 if ".layers." in name else 1))
+        m.calls += 1
+        if not m.training or m.p == 0:
+            return x
+        if self.replay:  # the chunks' masks, in order, until they cover x's rows
+            parts = [self.saved[key].pop(0)]
+            while sum(map(len, parts)) < len(x):
+                parts.append(self.saved[key].pop(0))
+            keep = torch.cat(parts)
+        else:
+            keep = torch.rand_like(x) >= m.p  # from the global generator, as nn.Dropout's
+            if not torch.is_grad_enabled():
+                self.saved[key].append(keep)
+        return x * keep / (1 - m.p)
+
+
+def no_dropout_bert(tok, mlm_head=False, dropout=0.0):
+    """A tiny float64 BERT without dropout (or hidden dropout only: SDPA draws the attention's
+    inside, where no test can replay it); weights N(0, 0.3), not BERT's 0.02, so that sentences
     get distinct vectors (with 0.02 every [CLS] is nearly the same and every loss sits at log(2B),
     hiding errors)."""
-    cfg = BertConfig.tiny(vocab_size=len(tok.vocab), hidden_dropout_prob=0.0,
+    cfg = BertConfig.tiny(vocab_size=len(tok.vocab), hidden_dropout_prob=dropout,
                           attention_probs_dropout_prob=0.0)
     model = Bert(cfg, mlm_head=mlm_head).double()
     with torch.no_grad():
@@ -44,9 +87,10 @@ def no_dropout_bert(tok, mlm_head=False):
     return model
 
 
-def run_method(method):
+def run_method(method, chunk_size=0, batch=B, steps=STEPS, masks=None):
     """Two training steps of `method` in this process's world (1 or 2 processes) -> (losses,
-    gradients, states).
+    gradients, states); or `steps` steps of `batch` rows, `chunk_size` at a time, with the hidden
+    dropout of `masks` (0.1) if given.
 
     The gradients are taken before clipping: AdamW's first steps and clipping are blind to a
     gradient's scale (a missing factor N in the gather would still move each parameter by about
@@ -54,21 +98,22 @@ def run_method(method):
     m, tok, device = importlib.import_module(f"{method}_min"), tokenizer(), torch.device("cpu")
     # the same initial weights in every process (DDP would broadcast rank 0's anyway)
     torch.manual_seed(0)
-    model = no_dropout_bert(tok)
+    dropout = 0.1 if masks else 0.0
+    model = no_dropout_bert(tok, dropout=dropout)
     extra = {}
     if method == "diffcse":
         head = m.BNProjector(model.cfg.hidden_size).double()
         disc = m.Discriminator(copy.deepcopy(model)).double()
-        generator = no_dropout_bert(tok, mlm_head=True).requires_grad_(False)
+        generator = no_dropout_bert(tok, True, dropout).requires_grad_(False)
         # a large weight so the RTD path counts in the check
-        cfg = m.Config(dropout=0.0, lambda_rtd=0.5)
+        cfg = m.Config(dropout=dropout, lambda_rtd=0.5, chunk_size=chunk_size)
         extra = dict(disc=disc, generator=generator, tok=tok, gen=torch.Generator().manual_seed(0))
     else:
         head = m.MLPHead(model.cfg.hidden_size).double()
-        cfg = m.Config(dropout=0.0)
+        cfg = m.Config(dropout=dropout, chunk_size=chunk_size)
     model.pooler = head  # as train(): the head is the model's pooler, in the model's DDP
     if method == "esimcse":
-        cfg = m.Config(dropout=0.0, queue_size=12, momentum=0.9)
+        cfg = m.Config(dropout=dropout, queue_size=12, momentum=0.9, chunk_size=chunk_size)
         extra = dict(momentum=m.momentum_encoder(model), queue=collections.deque(maxlen=12),
                      rng=random.Random(0))
     trained = {"model": model, **({"disc": extra["disc"]} if "disc" in extra else {})}
@@ -82,7 +127,9 @@ def run_method(method):
     losses, grads, params = [], [], [p for x in trained.values() for p in x.parameters()
                                      if p.requires_grad]
     # simcse: supervised, hard negatives
-    for ids, mask in batches(tok, 3 if method == "simcse" else 1):
+    if masks:
+        masks.patch(**trained, **{k: v for k, v in extra.items() if k == "generator"})
+    for ids, mask in batches(tok, 3 if method == "simcse" else 1, batch, steps):
         loss, _ = m.train_step(wrapped["model"], head, ids, mask, cfg, **args)
         # common.optimizer_step, with the gradients recorded between backward and clipping
         loss.backward()
@@ -114,6 +161,7 @@ def worker(rank, port, out, config):
     assert common.init_distributed(torch.device("cpu")) == torch.device("cpu")
     assert common.world() == (rank, 2)
     results = {method: run_method(method) for method in METHODS}
+    results["chunked"] = {method: run_method(method, 16, 64, 8) for method in METHODS}
     simcse_min = importlib.import_module("simcse_min")
     try:
         common.Run(simcse_min.Config(batch_size=7), simcse_min.__file__)

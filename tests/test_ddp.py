@@ -18,7 +18,7 @@ import torch
 import torch.multiprocessing as mp
 
 import common
-from ddp_world import METHODS, free_port, run_method, worker
+from ddp_world import METHODS, free_port, run_method, tolerance, worker
 from tiny_world import make_world
 
 
@@ -57,6 +57,19 @@ def test_two_processes_match_one(method, two_processes):
         assert state.keys() == states2[module].keys()
         for name, t in state.items():
             torch.testing.assert_close(states2[module][name], t, rtol=0, atol=1e-5,
+                                       msg=f"{module}.{name}")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_two_processes_chunked_match_one_unchunked(method, two_processes):
+    """--chunk_size 16 under 2 processes (32 sentences each), 8 steps of batch 64, float64, dropout
+    0 (the same masks): one process's unchunked steps to 1e-12 [issue 44] (ddp_world.tolerance)."""
+    losses, _, states = run_method(method, chunk_size=0, batch=64, steps=8)
+    losses2, _, states2 = two_processes["chunked"][method]
+    assert losses2 == pytest.approx(losses, abs=1e-12, rel=0)
+    for module, state in states.items():
+        for name, t in state.items():
+            torch.testing.assert_close(states2[module][name], t, rtol=0, atol=tolerance(name),
                                        msg=f"{module}.{name}")
 
 

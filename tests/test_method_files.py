@@ -44,9 +44,8 @@ def test_train_differs_from_the_baseline_only_in_tagged_lines(name):
 
 def test_config_shared_fields_identical():
     shared = ["data", "model", "senteval", "dev_file", "device", "precision", "seed", "batch_size",
-              "max_len", "lr", "epochs", "max_steps", "temp", "eval_every", "test", "dropout",
-              "out_dir",
-              "save_every", "resume", "overwrite", "compile"]
+              "chunk_size", "max_len", "lr", "epochs", "max_steps", "temp", "eval_every", "test",
+              "dropout", "out_dir", "save_every", "resume", "overwrite", "compile"]
     for name in SCRIPTS:
         fields = re.findall(r"^    (\w+): \w+ = ", source(name).split("# ---- Views")[0], re.M)
         assert fields[:len(shared)] == shared, name

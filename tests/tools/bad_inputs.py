@@ -300,6 +300,9 @@ def cases(tmp):
         ("--max_step 3 (a prefix, never guessed)", "esimcse", base + data + ["--max_step", "3"], 2,
          True),
         ("--eval-every 1 (dashes)", "simcsepp", base + data + ["--eval-every", "1"], 2, True),
+        ("--chunk_size -1", "diffcse", base + data + ["--chunk_size", "-1"], 2, True),
+        ("--compile with --chunk_size (not exact: measured)", "esimcse",
+         base + data + ["--compile", "--chunk_size", "16"], 2, True),
         (
             "data is a FIFO (would never end)",
             "simcse",
