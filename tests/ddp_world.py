@@ -11,6 +11,7 @@ import random
 import socket
 
 import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 import common
 from common import Bert, BertConfig
@@ -119,7 +120,8 @@ def run_method(method, chunk_size=0, batch=B, steps=STEPS, masks=None):
     trained = {"model": model, **({"disc": extra["disc"]} if "disc" in extra else {})}
     opt, sched = common.make_optimizer([p for x in trained.values() for p in x.parameters()], LR,
                                        10, device)
-    ddp = torch.nn.parallel.DistributedDataParallel if common.world()[1] > 1 else lambda x: x
+    syncs, per_step = [], []  # DDP's gradient all-reduces (one a bucket), and their count a step
+    ddp = functools.partial(counted, syncs=syncs) if common.world()[1] > 1 else lambda x: x
     wrapped = {k: ddp(x) for k, x in trained.items()}  # as Run.ddp
     args = {**extra, **{k: v for k, v in wrapped.items() if k == "disc"}}
     for x in wrapped.values():
@@ -139,11 +141,26 @@ def run_method(method, chunk_size=0, batch=B, steps=STEPS, masks=None):
         if method == "esimcse":
             m.momentum_update(extra["momentum"], wrapped["model"], cfg.momentum)
         losses.append(loss.item())
+        per_step.append(len(syncs) - sum(per_step))
     states = {k: {n: t.clone() for n, t in x.state_dict().items()} for k, x in trained.items()}
     if method == "esimcse":
         states["momentum"] = extra["momentum"].state_dict()
         states["queue"] = {"rows": torch.stack([*extra["queue"]])}
+    if syncs:
+        states["syncs"] = {"per_step": torch.tensor(per_step)}
     return losses, grads, states
+
+
+def counted(module, syncs):
+    """DistributedDataParallel(module), as Run.ddp wraps it, with each all-reduce of a gradient
+    bucket counted (DDP's default hook: the mean over processes)."""
+    ddp = torch.nn.parallel.DistributedDataParallel(module)
+
+    def hook(state, bucket):
+        syncs.append(bucket.index())
+        return default_hooks.allreduce_hook(None, bucket)
+    ddp.register_comm_hook(None, hook)
+    return ddp
 
 
 def join(rank, port):

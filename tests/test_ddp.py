@@ -63,10 +63,14 @@ def test_two_processes_match_one(method, two_processes):
 @pytest.mark.parametrize("method", METHODS)
 def test_two_processes_chunked_match_one_unchunked(method, two_processes):
     """--chunk_size 16 under 2 processes (32 sentences each), 8 steps of batch 64, float64, dropout
-    0 (the same masks): one process's unchunked steps to 1e-12 [issue 44] (ddp_world.tolerance)."""
+    0 (the same masks): one process's unchunked steps to 1e-12 [issue 44] (ddp_world.tolerance),
+    and DDP all-reduces the gradients once a step, as often as unchunked, not once a chunk."""
     losses, _, states = run_method(method, chunk_size=0, batch=64, steps=8)
     losses2, _, states2 = two_processes["chunked"][method]
     assert losses2 == pytest.approx(losses, abs=1e-12, rel=0)
+    syncs, unchunked_syncs = (r[2]["syncs"]["per_step"].tolist() for r in
+                              (two_processes["chunked"][method], two_processes[method]))
+    assert syncs[:len(unchunked_syncs)] == unchunked_syncs and len(set(syncs[1:])) == 1  # a step
     for module, state in states.items():
         for name, t in state.items():
             torch.testing.assert_close(states2[module][name], t, rtol=0, atol=tolerance(name),
