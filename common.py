@@ -685,7 +685,7 @@ class GradientCache(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):  # grad [N, ...]: the loss's gradient w.r.t. the vectors, cached
-        wants = ctx.needs_input_grad[4:]  # per tensor: the inputs (DiffCSE's h), the parameters
+        wants = ctx.needs_input_grad[4:]  # past forward's 4 others: inputs (DiffCSE's h), params
         inputs = [x.detach().requires_grad_(want) for x, want in zip(ctx.inputs, wants)]
         wanted = [x for x in inputs if x.requires_grad] + list(ctx.params)
         sums = [torch.zeros_like(x) for x in wanted]  # each wanted gradient, over the chunks
