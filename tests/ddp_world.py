@@ -45,10 +45,13 @@ def batches(tok, columns, batch=B, steps=STEPS):
 class Masks:
     """Hidden dropout that records its masks in one run (each chunk's first pass: no graph) and
     replays them in the next, joined along the batch: the unchunked step with the chunked step's
-    masks. A Layer calls its dropout twice (attention output, FFN): two streams."""
+    masks. A Layer calls its dropout twice (attention output, FFN): two streams. recorded: the
+    masks of each process of a torchrun run, joined as all_gather joins their vectors (batch: the
+    global batch, to tell a call's views)."""
 
-    def __init__(self):
-        self.saved, self.replay = collections.defaultdict(list), False
+    def __init__(self, recorded=None, batch=None):
+        self.saved, self.replay = collections.defaultdict(list), recorded is not None
+        self.recorded, self.batch = recorded, batch
 
     def patch(self, **roots):
         for root, module in roots.items():
@@ -61,11 +64,16 @@ class Masks:
         m.calls += 1
         if not m.training or m.p == 0:
             return x
-        if self.replay:  # the chunks' masks, in order, until they cover x's rows
-            parts = [self.saved[key].pop(0)]
-            while sum(map(len, parts)) < len(x):
-                parts.append(self.saved[key].pop(0))
-            keep = torch.cat(parts)
+        if self.replay:  # each process's chunks, in order, until they cover its share of x
+            sources = self.recorded or [self.saved]
+            shares = []
+            for saved in sources:
+                parts = [saved[key].pop(0)]
+                while sum(map(len, parts)) < len(x) // len(sources):
+                    parts.append(saved[key].pop(0))
+                views = len(x) // self.batch if self.batch else 1
+                shares.append(torch.cat(parts).unflatten(0, (views, -1)))  # [views, b, ...]
+            keep = torch.cat(shares, dim=1).flatten(0, 1)  # view-major, ranks in order
         else:
             keep = torch.rand_like(x) >= m.p  # from the global generator, as nn.Dropout's
             if not torch.is_grad_enabled():
@@ -131,6 +139,7 @@ def run_method(method, chunk_size=0, batch=B, steps=STEPS, masks=None):
     # simcse: supervised, hard negatives
     if masks:
         masks.patch(**trained, **{k: v for k, v in extra.items() if k == "generator"})
+        torch.manual_seed(1 + common.world()[0])  # each process its own masks, as Run seeds them
     for ids, mask in batches(tok, 3 if method == "simcse" else 1, batch, steps):
         loss, _ = m.train_step(wrapped["model"], head, ids, mask, cfg, **args)
         # common.optimizer_step, with the gradients recorded between backward and clipping
@@ -178,7 +187,9 @@ def worker(rank, port, out, config):
     assert common.init_distributed(torch.device("cpu")) == torch.device("cpu")
     assert common.world() == (rank, 2)
     results = {method: run_method(method) for method in METHODS}
-    results["chunked"] = {method: run_method(method, 16, 64, 8) for method in METHODS}
+    masks = {method: Masks() for method in METHODS}  # dropout 0.1, recorded for test_ddp.py
+    results["chunked"] = {m: run_method(m, 16, 64, 8, masks=masks[m]) for m in METHODS}
+    torch.save({m: dict(x.saved) for m, x in masks.items()}, f"{out}.masks{rank}")
     simcse_min = importlib.import_module("simcse_min")
     try:
         common.Run(simcse_min.Config(batch_size=7), simcse_min.__file__)

@@ -18,7 +18,7 @@ import torch
 import torch.multiprocessing as mp
 
 import common
-from ddp_world import METHODS, free_port, run_method, tolerance, worker
+from ddp_world import METHODS, Masks, free_port, run_method, tolerance, worker
 from tiny_world import make_world
 
 
@@ -39,7 +39,9 @@ def two_processes(tiny_run):
                                                                 "out_dir": str(tmp / "two")}),
              nprocs=2,
              join=True)
-    return torch.load(tmp / "rank0.pt")
+    results = torch.load(tmp / "rank0.pt")
+    results["masks"] = [torch.load(f"{tmp / 'rank0.pt'}.masks{rank}") for rank in (0, 1)]
+    return results
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -62,10 +64,12 @@ def test_two_processes_match_one(method, two_processes):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_two_processes_chunked_match_one_unchunked(method, two_processes):
-    """--chunk_size 16 under 2 processes (32 sentences each), 8 steps of batch 64, float64, dropout
-    0 (the same masks): one process's unchunked steps to 1e-12 [issue 44] (ddp_world.tolerance),
-    and DDP all-reduces the gradients once a step, as often as unchunked, not once a chunk."""
-    losses, _, states = run_method(method, chunk_size=0, batch=64, steps=8)
+    """--chunk_size 16 under 2 processes (32 sentences each), 8 steps of batch 64, float64, hidden
+    dropout 0.1: one process's unchunked steps with the masks both drew (ddp_world.Masks) to 1e-12
+    [issue 44] (ddp_world.tolerance); DDP all-reduces the gradients once a step, not a chunk."""
+    recorded = [masks[method] for masks in two_processes["masks"]]
+    losses, _, states = run_method(method, 0, 64, 8, masks=Masks(recorded, batch=64))
+    assert not any(stream for saved in recorded for stream in saved.values())  # all replayed
     losses2, _, states2 = two_processes["chunked"][method]
     assert losses2 == pytest.approx(losses, abs=1e-12, rel=0)
     syncs, unchunked_syncs = (r[2]["syncs"]["per_step"].tolist() for r in
