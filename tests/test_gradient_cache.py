@@ -6,6 +6,7 @@ chunk 16) then agree to 1e-12 (ddp_world.tolerance); one process here, two in te
 second pass of a chunk must see its first pass's random state, autocast and module modes: checked
 where SDPA draws the attention dropout itself, in bf16, and in SimCSE++'s dropout-off pass. The
 memory that autograd saves for backward scales with the chunk, not the batch."""
+import collections
 import importlib
 import random
 import weakref
@@ -74,6 +75,20 @@ def test_the_second_pass_replays_the_first(method, precision):
         assert sum(torch.equal(a, b) for _, a in first) == 1
     assert not torch.equal(first[0][1], first[3][1])  # one sentence, two views: other masks
     assert model.training and all(x.training for x in model.modules())  # modes as they were
+
+
+def test_esimcse_momentum_encoder_runs_in_chunks_too():
+    """The queue's encoder has no graph, but its whole-batch pass would still be the step's peak."""
+    m, tok = importlib.import_module("esimcse_min"), tokenizer()
+    model = common.Bert(common.BertConfig.tiny(vocab_size=len(tok.vocab)))
+    model.pooler = head = m.MLPHead(32)
+    momentum, rows = m.momentum_encoder(model), []
+    encode = momentum.encode
+    momentum.encode = lambda x, mask, **kw: rows.append(len(x)) or encode(x, mask, **kw)
+    ids, mask = tok(sentences(24))
+    m.train_step(model.train(), head, ids[:, None], mask[:, None], m.Config(chunk_size=8),
+                 momentum, collections.deque(maxlen=48), random.Random(0))
+    assert rows == [8, 8, 8]
 
 
 def test_backward_leaves_the_random_state_and_the_modes_as_it_found_them():
