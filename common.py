@@ -791,6 +791,15 @@ def main_guard(fn, *args):
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    except RuntimeError as e:
+        if "not used in producing loss" not in str(e):  # DDP's reducer [torch reducer.cpp]
+            raise
+        unused = re.search(r"did not receive grad for rank \d+: ([\d ]+)", str(e))
+        indices = unused.group(1).strip() if unused else "?"
+        print(f"error: under torchrun a parameter of the model got no gradient (indices {indices}"
+              f" in module.parameters()), which DistributedDataParallel cannot average: a bug "
+              f"here; TORCH_DISTRIBUTED_DEBUG=INFO names them; please report it", file=sys.stderr)
+        sys.exit(1)
     leave_distributed()  # on an error torchrun stops every process
     return result
 

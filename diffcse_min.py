@@ -111,6 +111,7 @@ class Discriminator(nn.Module):
     def __init__(self, bert):
         super().__init__()
         self.bert = bert
+        bert.pooler = None  # the checkpoint's, unused: DDP needs every parameter used [issue 57]
         self.head = nn.Linear(bert.cfg.hidden_size, 2)  # PyTorch's default init [official code]
 
     def forward(self, ids, mask, h, chunk_size=0):  # ids, mask [N, L], h [N, H] -> [N, L, 2]

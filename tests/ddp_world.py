@@ -81,14 +81,14 @@ class Masks:
         return x * keep / (1 - m.p)
 
 
-def no_dropout_bert(tok, mlm_head=False, dropout=0.0):
+def no_dropout_bert(tok, mlm_head=False, dropout=0.0, pooler=False):
     """A tiny float64 BERT without dropout (or hidden dropout only: SDPA draws the attention's
     inside, where no test can replay it); weights N(0, 0.3), not BERT's 0.02, so that sentences
     get distinct vectors (with 0.02 every [CLS] is nearly the same and every loss sits at log(2B),
-    hiding errors)."""
+    hiding errors). pooler: BERT's, as the real checkpoints carry it [issue 57]."""
     cfg = BertConfig.tiny(vocab_size=len(tok.vocab), hidden_dropout_prob=dropout,
                           attention_probs_dropout_prob=0.0)
-    model = Bert(cfg, mlm_head=mlm_head).double()
+    model = Bert(cfg, mlm_head=mlm_head, pooler=pooler).double()
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() > 1:
@@ -108,7 +108,7 @@ def run_method(method, chunk_size=0, batch=B, steps=STEPS, masks=None):
     # the same initial weights in every process (DDP would broadcast rank 0's anyway)
     torch.manual_seed(0)
     dropout = 0.1 if masks else 0.0
-    model = no_dropout_bert(tok, dropout=dropout)
+    model = no_dropout_bert(tok, dropout=dropout, pooler=True)  # as every real checkpoint
     extra = {}
     if method == "diffcse":
         head = m.BNProjector(model.cfg.hidden_size).double()
@@ -198,7 +198,17 @@ def worker(rank, port, out, config):
     if rank == 0:
         torch.save(results, out)
     simcse_min.train(simcse_min.Config(**config))
+    diffcse_min = importlib.import_module("diffcse_min")  # its discriminator, a second BERT
+    diffcse_min.train(diffcse_min.Config(**diffcse_config(config)))  # [issue 57]
     common.leave_distributed()  # what main_guard does after train() under torchrun
+
+
+def diffcse_config(config):
+    """DiffCSE's train() settings on the tiny world: no RTD weight, so that 1 and 2 processes see
+    the same loss (the generator's samples are drawn per process) while every part still runs."""
+    generator = os.path.join(os.path.dirname(config["model"]), "generator")  # tiny_world's
+    return {**config, "out_dir": config["out_dir"] + "-diffcse", "generator": generator,
+            "lambda_rtd": 0.0}
 
 
 def free_port():

@@ -18,7 +18,7 @@ import torch
 import torch.multiprocessing as mp
 
 import common
-from ddp_world import METHODS, Masks, free_port, run_method, tolerance, worker
+from ddp_world import METHODS, Masks, diffcse_config, free_port, run_method, tolerance, worker
 from tiny_world import make_world
 
 
@@ -26,7 +26,7 @@ from tiny_world import make_world
 def tiny_run(tmp_path_factory):
     """train() settings on the tiny world, dropout 0; a checkpoint at step 2 of 3."""
     tmp = tmp_path_factory.mktemp("ddp")
-    world = make_world(tmp)
+    world = make_world(tmp, pooler=True)  # as bert-base-uncased and the released ones [issue 57]
     return tmp, dict(model=world["model"], data=world["data"], senteval=world["senteval"],
                      device="cpu",
                      batch_size=8, max_steps=3, eval_every=1, save_every=2, dropout=0.0)
@@ -115,6 +115,20 @@ def test_train_two_processes_end_to_end(tiny_run, two_processes):
     assert log.count("STS12") == 1
     assert (tmp / "two" / "model.safetensors").exists()
     assert not (tmp / "two" / "checkpoint.pt").exists()
+
+
+def test_diffcse_two_processes_on_a_checkpoint_with_a_pooler(tiny_run, two_processes):
+    """DiffCSE's discriminator is a second copy of a checkpoint that carries BERT's pooler, which it
+    never uses: under DDP an unused parameter stops the first step [issue 57]. 2 processes run, and
+    their dev scores are those of 1 process."""
+    tmp, config = tiny_run
+    diffcse_min = importlib.import_module("diffcse_min")
+    one = diffcse_min.train(diffcse_min.Config(**diffcse_config({**config,
+                                                                 "out_dir": str(tmp / "one")})))
+    two = json.loads((tmp / "two-diffcse" / "results.json").read_text())
+    assert [s for s, _ in two["dev_history"]] == [0, 1, 2, 3]
+    assert [d for _, d in two["dev_history"]] == pytest.approx([d for _, d in one["dev_history"]],
+                                                               abs=1e-2)
 
 
 def test_stale_torchrun_variables_are_one_line_naming_them_not_a_long_wait():

@@ -28,10 +28,13 @@ def sentence(rng):
     return " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))) + " ."
 
 
-def make_model(folder, mlm_head=False, seed=0):
+def make_model(folder, mlm_head=False, seed=0, pooler=False):
+    """A tiny BERT saved as transformers does; pooler: with BERT's pooler, as bert-base-uncased and
+    every released checkpoint [issue 57]."""
     torch.manual_seed(seed)
     tok = tokenizer()
-    model = common.Bert(common.BertConfig.tiny(vocab_size=len(tok.vocab)), mlm_head=mlm_head)
+    model = common.Bert(common.BertConfig.tiny(vocab_size=len(tok.vocab)), mlm_head=mlm_head,
+                        pooler=pooler)
     common.save_pretrained(model, folder, tok)
     return folder
 
@@ -69,13 +72,14 @@ def make_senteval(root, n=8, seed=0):
     return root
 
 
-def make_world(tmp):
+def make_world(tmp, pooler=False):
     rng = random.Random(1)
     data = tmp / "train.txt"
     data.write_text("".join(sentence(rng) + "\n" for _ in range(48)))
-    return dict(model=str(make_model(tmp / "model")), generator=str(make_model(tmp / "generator",
-                                                                               mlm_head=True)),
-                data=str(data), senteval=str(make_senteval(tmp / "senteval")))
+    model = make_model(tmp / "model", pooler=pooler)
+    generator = make_model(tmp / "generator", mlm_head=True, pooler=pooler)
+    return dict(model=str(model), generator=str(generator), data=str(data),
+                senteval=str(make_senteval(tmp / "senteval")))
 
 
 def seeded_run_folder(folder, seed=0):

@@ -562,4 +562,15 @@ MUTANTS = [
            "if False:",
            "--compile --chunk_size trains with other masks in each chunk's second pass",
            ["test_inputs.py"]),
+    # --- DDP: every wrapped parameter used [issue 57] ---------------------------------------------
+    Mutant("discriminator-pooler-back", D,
+           "        bert.pooler = None  # the checkpoint's",
+           "        bert.pooler = bert.pooler  # the checkpoint's",
+           "DiffCSE's discriminator keeps a pooler it never uses: DDP stops at the first step",
+           ["test_ddp_every_parameter.py"]),
+    Mutant("ddp-error-traceback", C,
+           'if "not used in producing loss" not in str(e):',
+           "if True:",
+           "DDP's reducer error reaches the user as a traceback",
+           ["test_ddp_every_parameter.py"]),
 ]
