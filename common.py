@@ -3077,7 +3077,7 @@ def summarize(paths):
     runs = [read_run(path) for path in paths]
     for path, r in zip(paths[1:], runs[1:]):
         differ = config_difference(runs[0], r)
-        if differ:
+        if differ:  # another setting
             raise UserError(f"{paths[0]} and {path} differ in {', '.join(differ)}: not seeds of one "
                             f"setting (only {', '.join(RUN_FIELDS)} may differ)")
     seeds = [r["config"].get("seed") for r in runs]
