@@ -1136,16 +1136,17 @@ def note_unused(folder, unused):
     heads = all(re.match(r"(bert\.|roberta\.)?(pooler|cls|lm_head|vocab_\w+)\.", k)
                 for k in unused)  # BERT's pooler and MLM/NSP heads, RoBERTa's, DistilBERT's
     why = " (pretraining heads: each method trains its own)" if heads else ""
-    parts = {}  # first name -> its keys: a training model's other parts, summed up (DiffCSE's)
+    parts = {}  # first name -> its keys: a training model's other parts (DiffCSE's release)
     for key in unused:
         parts.setdefault(key.split(".")[0], []).append(key)
+    whole = max(len(keys) for keys in parts.values()) > 8  # a second encoder, say: one line still
     shown = []
     for part, keys in parts.items():
-        if len(keys) > 8:  # e.g. discriminator.* (198 tensors): the line stays one line
+        if whole and len(keys) > 1:  # e.g. discriminator.* (198 tensors)
             shown.append(f"{part}.* ({len(keys)} tensors)")
         else:
             shown.extend(keys)
-    if len(shown) < len(unused) and not heads:
+    if whole and not heads:
         why = " (a training model's other parts: its encoder alone is read)"
     print(f"{folder.name}{why}: not used from the checkpoint: {', '.join(shown)}",
           file=sys.stderr)
@@ -1217,7 +1218,8 @@ _BIN_FILES = ["config.json", "vocab.txt", "pytorch_model.bin"]  # no safetensors
 _BPE_BIN_FILES = ["config.json", "vocab.json", "merges.txt", "pytorch_model.bin"]
 KNOWN_MODELS = {  # name -> the files we read (what each repository holds: tests/fixtures/hub_facts)
     "bert-base-uncased": _FILES, "bert-large-uncased": _FILES, "distilbert-base-uncased": _FILES,
-    "sentence-transformers/all-MiniLM-L6-v2": _FILES, "google/bert_uncased_L-4_H-256_A-4": _BIN_FILES,
+    "sentence-transformers/all-MiniLM-L6-v2": _FILES,
+    "google/bert_uncased_L-4_H-256_A-4": _BIN_FILES,
     "roberta-base": _BPE_FILES, "roberta-large": _BPE_FILES, "distilroberta-base": _BPE_FILES}
 _SIZES = ("bert-base-uncased", "bert-large-uncased", "roberta-base", "roberta-large")
 RELEASED = {  # the papers' released models -> their test vector, eval's default --pooler [SimCSE
@@ -3042,7 +3044,7 @@ def read_sts_pairs(path, flag):
     return scored([row for _, row in rows], 0, 1, 2)  # as SentEval's STS files are read
 
 
-# --- Several seeds: python common.py summarize RUN... -----------------------------------------------
+# --- Several seeds: python common.py summarize RUN... --------------------------------------------
 
 RUN_FIELDS = ("seed", "out_dir", "resume", "overwrite")  # may differ between the seeds of a setting
 
@@ -3050,7 +3052,7 @@ RUN_FIELDS = ("seed", "out_dir", "resume", "overwrite")  # may differ between th
 def read_run(path):
     """A finished run's folder or its results.json -> its results, with a test table."""
     p = Path(path).expanduser()
-    r = read_json(p / "results.json" if p.is_dir() else p, f"{path}: a run's results.json")
+    r = read_json(p / "results.json" if p.is_dir() else p, "summarize: a run's results.json")
     if not (isinstance(r, dict) and isinstance(r.get("config"), dict)
             and isinstance(r.get("test"), dict) and "best_dev" in r):
         raise UserError(f"{path}: not a finished training run's results.json")
@@ -3078,8 +3080,8 @@ def summarize(paths):
     for path, r in zip(paths[1:], runs[1:]):
         differ = config_difference(runs[0], r)
         if differ:  # another setting
-            raise UserError(f"{paths[0]} and {path} differ in {', '.join(differ)}: not seeds of one "
-                            f"setting (only {', '.join(RUN_FIELDS)} may differ)")
+            raise UserError(f"{paths[0]} and {path} differ in {', '.join(differ)}: not seeds of "
+                            f"one setting (only {', '.join(RUN_FIELDS)} may differ)")
     seeds = [r["config"].get("seed") for r in runs]
     if len(set(seeds)) < len(seeds):
         raise UserError(f"seed {max(seeds, key=seeds.count)} twice in {' '.join(paths)}: the same "

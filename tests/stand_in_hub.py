@@ -278,8 +278,9 @@ def saved_bin(tensors):
 
 
 def released_simcse(tmp, roberta=False):
-    """As simcse_to_huggingface.py wrote it [hub_facts.SIMCSE_RELEASED]: BertModel's (RobertaModel's)
-    names without the model prefix, the trained MLP as pooler.dense.*, in pytorch_model.bin."""
+    """As simcse_to_huggingface.py wrote it [hub_facts.SIMCSE_RELEASED]: BertModel's (or
+    RobertaModel's) names without the model prefix, the trained MLP as pooler.dense.*, in
+    pytorch_model.bin."""
     kind = "roberta" if roberta else "bert"
     files, ours, positions = tiny_release(tmp, f"simcse-{kind}", roberta, seed=4)
     state = {common.hf_name(k, kind): v for k, v in ours.items() if not k.startswith("mlm.")}
@@ -303,7 +304,7 @@ def released_diffcse(tmp, roberta=False):
         if k.startswith("mlm."):  # BertLMPredictionHead's (RobertaLMHead's) names under lm_head.
             state[re.sub(r"^(cls\.predictions|lm_head)\.", "lm_head.", common.hf_name(k, kind))] = v
     state["lm_head.decoder.weight"] = ours["embeddings.word_embeddings.weight"].clone()
-    generator = "roberta" if roberta else "distilbert"  # distilroberta-base, distilbert-base-uncased
+    generator = "roberta" if roberta else "distilbert"  # distilroberta-base, distilbert-base-...
     state |= {f"generator.{generator}.{common.hf_name(k, generator)}": v.clone()
               for k, v in encoder.items()}
     state |= {"mlp.net.0.weight": torch.randn(2 * H, H), "mlp.net.3.weight": torch.randn(H, 2 * H),
@@ -314,7 +315,8 @@ def released_diffcse(tmp, roberta=False):
                   f"mlp.net.{i}.num_batches_tracked": torch.tensor(7)}
     state |= {"mlp.net.1.weight": torch.ones(2 * H), "mlp.net.1.bias": torch.zeros(2 * H)}
     config = json.loads(files["config.json"]) | {"architectures": [f"{kind.title()}ForCL"]}
-    return files | {"pytorch_model.bin": saved_bin(state), "config.json": json.dumps(config).encode()}
+    return files | {"pytorch_model.bin": saved_bin(state),
+                    "config.json": json.dumps(config).encode()}
 
 
 def senteval_tar(rows=6, seed=0):

@@ -1,7 +1,7 @@
-"""`python common.py summarize RUN...` [issue 43, issue 53]: the test table and the best dev score of
-one setting over several seeds, as mean ± sample standard deviation with n, checked against numpy on
-three real tiny runs; runs that differ in more than seed, out_dir, resume and overwrite are one line
-naming the fields."""
+"""`python common.py summarize RUN...` [issue 43, issue 53]: the test table and the best dev score
+of one setting over several seeds, as mean ± sample standard deviation with n, checked against
+numpy on three real tiny runs; runs that differ in more than seed, out_dir, resume and overwrite
+are one line naming the fields."""
 import dataclasses
 import json
 
