@@ -1242,6 +1242,12 @@ HUB_ERRORS = {  # X-Error-Code -> what it means [huggingface_hub hf_raise_for_st
                  "used from there"}
 
 
+def known_names():
+    """The known model names, the released ones summed up: for a message or --help."""
+    plain = [name for name in KNOWN_MODELS if name not in RELEASED]
+    return ", ".join(plain) + ", princeton-nlp/{unsup,sup}-simcse-*, voidism/diffcse-*"
+
+
 def default_pooler(name):
     """The test vector of a released model (RELEASED), else the raw [CLS] (unsupervised runs')."""
     return RELEASED.get(str(name), "cls_before_pooler")
@@ -1278,7 +1284,7 @@ def find_model(name_or_dir, flag="--model"):
     files = KNOWN_MODELS.get(str(name_or_dir))
     if files is None:
         raise UserError(f"{flag or 'the name'} {name_or_dir!r} is neither a folder nor a known "
-                        f"name ({', '.join(KNOWN_MODELS)}); pass a Hugging Face model folder"
+                        f"name ({known_names()}); pass a Hugging Face model folder"
                         f"{HOW_TO_GET.get(flag, '')}")
     ours = CACHE / "models" / str(name_or_dir)
     missing = [f for f in files if not (ours / f).exists()]
@@ -3058,6 +3064,8 @@ def read_run(path):
         raise UserError(f"{path}: not a finished training run's results.json")
     if not r["test"]:
         raise UserError(f"{path}: the run has no test table (--test none); run it with --test sts")
+    if not all(type(v) in (int, float) for v in [*r["test"].values(), r["best_dev"]]):
+        raise UserError(f"{path}: a score in its results.json is not a number")
     return r
 
 
@@ -3192,7 +3200,7 @@ def cli(argv=None):
                         "(needs internet)")
     data = ", ".join(k for k in KNOWN_DATA if k != "senteval.tar")
     dl.add_argument("what", help=f"senteval (SimCSE's senteval.tar, unpacked), a data file "
-                                 f"({data}) or a model ({', '.join(KNOWN_MODELS)})")
+                                 f"({data}) or a model ({known_names()})")
     for p in (ev, an, en, se):  # the flags of a command that encodes
         inputs, run = p.add_argument_group("data and model"), p.add_argument_group("run and output")
         p.groups = inputs, run

@@ -98,5 +98,8 @@ def test_what_cannot_be_summarized_is_one_line(runs, tmp_path):
     (tmp_path / "none" / "results.json").write_text(json.dumps(r))
     with pytest.raises(common.UserError, match="no test table"):
         common.summarize([runs[0], str(tmp_path / "none")])
+    (tmp_path / "none" / "results.json").write_text(json.dumps(r | {"test": {"Avg": "75.3"}}))
+    with pytest.raises(common.UserError, match="not a number"):
+        common.summarize([runs[0], str(tmp_path / "none")])
     fields = {f.name for f in dataclasses.fields(simcse_min.Config)}
     assert set(common.RUN_FIELDS) <= fields  # the names it lets differ are a run's fields
