@@ -1145,7 +1145,19 @@ def note_unused(folder, unused):
     heads = all(re.match(r"(bert\.|roberta\.)?(pooler|cls|lm_head|vocab_\w+)\.", k)
                 for k in unused)  # BERT's pooler and MLM/NSP heads, RoBERTa's, DistilBERT's
     why = " (pretraining heads: each method trains its own)" if heads else ""
-    print(f"{folder.name}{why}: not used from the checkpoint: {', '.join(unused)}",
+    parts = {}  # first name -> its keys: a training model's other parts (DiffCSE's release)
+    for key in unused:
+        parts.setdefault(key.split(".")[0], []).append(key)
+    whole = max(len(keys) for keys in parts.values()) > 8  # a second encoder, say: one line still
+    shown = []
+    for part, keys in parts.items():
+        if whole and len(keys) > 1:  # e.g. discriminator.* (198 tensors)
+            shown.append(f"{part}.* ({len(keys)} tensors)")
+        else:
+            shown.extend(keys)
+    if whole and not heads:
+        why = " (a training model's other parts: its encoder alone is read)"
+    print(f"{folder.name}{why}: not used from the checkpoint: {', '.join(shown)}",
           file=sys.stderr)
 
 
@@ -1211,11 +1223,24 @@ HF_ENDPOINT = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/"
 CACHE = Path(os.environ.get("SIMCSE_CACHE") or Path.home() / ".cache" / "simcse-min").expanduser()
 _FILES = ["config.json", "vocab.txt", "tokenizer_config.json", "model.safetensors"]  # weights last
 _BPE_FILES = ["config.json", "vocab.json", "merges.txt", "model.safetensors"]
+_BIN_FILES = ["config.json", "vocab.txt", "pytorch_model.bin"]  # no safetensors in these
+_BPE_BIN_FILES = ["config.json", "vocab.json", "merges.txt", "pytorch_model.bin"]
 KNOWN_MODELS = {  # name -> the files we read (what each repository holds: tests/fixtures/hub_facts)
     "bert-base-uncased": _FILES, "bert-large-uncased": _FILES, "distilbert-base-uncased": _FILES,
     "sentence-transformers/all-MiniLM-L6-v2": _FILES,
-    "google/bert_uncased_L-4_H-256_A-4": ["config.json", "vocab.txt", "pytorch_model.bin"],
+    "google/bert_uncased_L-4_H-256_A-4": _BIN_FILES,
     "roberta-base": _BPE_FILES, "roberta-large": _BPE_FILES, "distilroberta-base": _BPE_FILES}
+_SIZES = ("bert-base-uncased", "bert-large-uncased", "roberta-base", "roberta-large")
+RELEASED = {  # the papers' released models -> their test vector, eval's default --pooler [SimCSE
+    # simcse/tool.py: "unsup" in the name -> cls_before_pooler, else cls; DiffCSE README's commands
+    # and tool.py since f724b2c (its issue #2): cls_before_pooler]. DiffCSE's file is the whole
+    # training model: of it only bert.* (roberta.*) is read; its discriminator, generator, lm_head,
+    # mlp (the BN projector) and electra_head are not used (one line says so when it loads)
+    **{f"princeton-nlp/unsup-simcse-{size}": "cls_before_pooler" for size in _SIZES},
+    **{f"princeton-nlp/sup-simcse-{size}": "cls" for size in _SIZES},
+    **{f"voidism/diffcse-{size}-{task}": "cls_before_pooler"
+       for size in ("bert-base-uncased", "roberta-base") for task in ("sts", "trans")}}
+KNOWN_MODELS |= {name: _BPE_BIN_FILES if "roberta" in name else _BIN_FILES for name in RELEASED}
 _DATA = "datasets/princeton-nlp/datasets-for-simcse/resolve/main/"
 KNOWN_DATA = {f: _DATA + f for f in ("wiki1m_for_simcse.txt", "nli_for_simcse.csv", "senteval.tar")}
 DATA_ALIASES = {"wiki1m.txt": "wiki1m_for_simcse.txt"}  # the name the papers' READMEs use
@@ -1224,6 +1249,17 @@ HUB_ERRORS = {  # X-Error-Code -> what it means [huggingface_hub hf_raise_for_st
     "EntryNotFound": "no such file", "RepoNotFound": "no such repository, or a private one",
     "GatedRepo": "accept its terms on the hub, then `huggingface-cli download` it: its cache is "
                  "used from there"}
+
+
+def known_names():
+    """The known model names, the released ones summed up: for a message or --help."""
+    plain = [name for name in KNOWN_MODELS if name not in RELEASED]
+    return ", ".join(plain) + ", princeton-nlp/{unsup,sup}-simcse-*, voidism/diffcse-*"
+
+
+def default_pooler(name):
+    """The test vector of a released model (RELEASED), else the raw [CLS] (unsupervised runs')."""
+    return RELEASED.get(str(name), "cls_before_pooler")
 
 
 def hub_cache():
@@ -1257,7 +1293,7 @@ def find_model(name_or_dir, flag="--model"):
     files = KNOWN_MODELS.get(str(name_or_dir))
     if files is None:
         raise UserError(f"{flag or 'the name'} {name_or_dir!r} is neither a folder nor a known "
-                        f"name ({', '.join(KNOWN_MODELS)}); pass a Hugging Face model folder"
+                        f"name ({known_names()}); pass a Hugging Face model folder"
                         f"{HOW_TO_GET.get(flag, '')}")
     ours = CACHE / "models" / str(name_or_dir)
     missing = [f for f in files if not (ours / f).exists()]
@@ -3023,6 +3059,66 @@ def read_sts_pairs(path, flag):
     return scored([row for _, row in rows], 0, 1, 2)  # as SentEval's STS files are read
 
 
+# --- Several seeds: python common.py summarize RUN... --------------------------------------------
+
+RUN_FIELDS = ("seed", "out_dir", "resume", "overwrite")  # may differ between the seeds of a setting
+
+
+def read_run(path):
+    """A finished run's folder or its results.json -> its results, with a test table."""
+    p = Path(path).expanduser()
+    r = read_json(p / "results.json" if p.is_dir() else p, "summarize: a run's results.json")
+    if not (isinstance(r, dict) and isinstance(r.get("config"), dict)
+            and isinstance(r.get("test"), dict) and "best_dev" in r):
+        raise UserError(f"{path}: not a finished training run's results.json")
+    if not r["test"]:
+        raise UserError(f"{path}: the run has no test table (--test none); run it with --test sts")
+    if not all(type(v) in (int, float) for v in [*r["test"].values(), r["best_dev"]]):
+        raise UserError(f"{path}: a score in its results.json is not a number")
+    return r
+
+
+def config_difference(a, b):
+    """The fields in which two runs' configurations differ, but for RUN_FIELDS (the method too)."""
+    fields = [k for k in {**a["config"], **b["config"]} if k not in RUN_FIELDS]
+    differ = [k for k in fields if a["config"].get(k, "(none)") != b["config"].get(k, "(none)")]
+    if a.get("method") != b.get("method"):
+        differ.insert(0, "method")
+    return differ
+
+
+def summarize(paths):
+    """Runs of one setting, seeds apart -> {task: (mean, sample standard deviation)} of the test
+    table and of the best dev score, n = len(paths) [issue 43; SimCSE issue #63: ~2 points between
+    seeds]. Runs that differ in more than RUN_FIELDS: one line naming the fields."""
+    if len(paths) < 2:
+        raise UserError(f"summarize {' '.join(paths)}: 2 runs at least (a standard deviation)")
+    runs = [read_run(path) for path in paths]
+    for path, r in zip(paths[1:], runs[1:]):
+        differ = config_difference(runs[0], r)
+        if differ:  # another setting
+            raise UserError(f"{paths[0]} and {path} differ in {', '.join(differ)}: not seeds of "
+                            f"one setting (only {', '.join(RUN_FIELDS)} may differ)")
+    seeds = [r["config"].get("seed") for r in runs]
+    if len(set(seeds)) < len(seeds):
+        raise UserError(f"seed {max(seeds, key=seeds.count)} twice in {' '.join(paths)}: the same "
+                        f"run given twice?")
+    tasks = [k for k in [*TEST_TASKS, "Avg"] if all(k in r["test"] for r in runs)]
+    table = {k: np.array([r["test"][k] for r in runs], dtype=np.float64) for k in tasks}
+    table["best dev"] = np.array([r["best_dev"] for r in runs], dtype=np.float64)
+    return {k: (float(x.mean()), float(x.std(ddof=1))) for k, x in table.items()}, seeds
+
+
+def run_summarize(args):
+    """Print summarize's table: a task a line, mean ± sample standard deviation, n."""
+    table, seeds = summarize(args.runs)
+    print(f"{len(seeds)} runs (seeds {', '.join(map(str, seeds))}): mean ± sample standard "
+          f"deviation (n - 1), n = {len(seeds)}")
+    for name, (mean, std) in table.items():
+        print(f"{SHORT_NAMES.get(name, name):>8}  {mean:6.2f} ± {std:.2f}")
+    return table
+
+
 # --- Command line: python common.py eval | download | analyze ------------------------------------
 
 class OneLineErrors(argparse.ArgumentParser):
@@ -3105,11 +3201,15 @@ def cli(argv=None):
                         "score: JSON + SVGs")
     en = sub.add_parser("encode", help="a text file's sentences -> vectors (.npy)")
     se = sub.add_parser("search", help="the corpus sentences nearest a query (cosine)")
+    su = sub.add_parser("summarize", help="runs of one setting, seeds apart: the test table and "
+                        "best dev score as mean ± sample standard deviation")
+    su.add_argument("runs", nargs="+", metavar="RUN", help="a finished run's folder (or its "
+                    "results.json); runs that differ in more than seed and out_dir are refused")
     dl = sub.add_parser("download", help="fetch a model or data set into ~/.cache/simcse-min "
                         "(needs internet)")
     data = ", ".join(k for k in KNOWN_DATA if k != "senteval.tar")
     dl.add_argument("what", help=f"senteval (SimCSE's senteval.tar, unpacked), a data file "
-                                 f"({data}) or a model ({', '.join(KNOWN_MODELS)})")
+                                 f"({data}) or a model ({known_names()})")
     for p in (ev, an, en, se):  # the flags of a command that encodes
         inputs, run = p.add_argument_group("data and model"), p.add_argument_group("run and output")
         p.groups = inputs, run
@@ -3119,10 +3219,12 @@ def cli(argv=None):
             inputs.add_argument("--senteval", default="", help="SentEval data folder (STS/ and "
                                 "SICK/, or downstream/); empty: ./SentEval/data/downstream, else "
                                 "~/.cache/simcse-min/senteval, else SimCSE's senteval.tar fetched")
-        inputs.add_argument("--pooler", default="cls_before_pooler", choices=POOLERS, help="as in "
+        inputs.add_argument("--pooler", default="", choices=("", *POOLERS), metavar="POOLER",
+                            help="as in "
                             "SimCSE's evaluation.py: cls_before_pooler the raw [CLS] (unsupervised "
                             "runs'), cls the pooler on it (supervised); avg, avg_top2, "
-                            "avg_first_last: means")
+                            "avg_first_last: means; empty: a released model's own (cls for "
+                            "princeton-nlp/sup-simcse-*), else cls_before_pooler")
         run.add_argument("--batch_size", type=int, default=128, help="sentences per encoding batch")
         run.add_argument("--device", default="auto", help="cpu, cuda or mps; auto: cuda, else mps, "
                          "else cpu")
@@ -3132,6 +3234,10 @@ def cli(argv=None):
         sub.choices.get(args.command, parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:  # `python common.py` alone: what it can do
         return parser.print_help()
+    if args.command == "summarize":
+        return run_summarize(args)
+    if args.command != "download" and not args.pooler:  # as SimCSE's tool.py chooses it
+        args.pooler = default_pooler(args.model)
     if args.command != "download":
         return {"eval": run_eval, "analyze": run_analyze, "encode": run_encode,
                 "search": run_search}[args.command](args)

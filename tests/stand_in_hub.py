@@ -255,6 +255,70 @@ def tiny_roberta(tmp, name, seed=2):
     return folder_files(tmp / name) | {"tokenizer_config.json": b'{"model_max_length": 512}'}
 
 
+def tiny_release(tmp, name, roberta, seed):
+    """A 2-layer model with an MLM head and a pooler -> (config and tokenizer files, its tensors in
+    our names, the position_ids buffer transformers 4.2.1 saved beside them)."""
+    merges = read_merges()[:40]
+    tok = common.BPETokenizer(bpe_vocab(merges), merges) if roberta else tokenizer()
+    cfg = common.BertConfig.tiny(vocab_size=len(tok.vocab))
+    if roberta:
+        cfg = common.BertConfig.tiny(vocab_size=len(tok.vocab), model_type="roberta",
+                                     pad_token_id=1)
+    torch.manual_seed(seed)
+    model = common.Bert(cfg, mlm_head=True, pooler=True)
+    common.save_pretrained(model, tmp / name, tok)
+    positions = torch.arange(cfg.max_position_embeddings)[None]  # [1, max positions]
+    return folder_files(tmp / name), model.state_dict(), positions
+
+
+def saved_bin(tensors):
+    buffer = io.BytesIO()
+    torch.save(tensors, buffer)
+    return buffer.getvalue()
+
+
+def released_simcse(tmp, roberta=False):
+    """As simcse_to_huggingface.py wrote it [hub_facts.SIMCSE_RELEASED]: BertModel's (or
+    RobertaModel's) names without the model prefix, the trained MLP as pooler.dense.*, in
+    pytorch_model.bin."""
+    kind = "roberta" if roberta else "bert"
+    files, ours, positions = tiny_release(tmp, f"simcse-{kind}", roberta, seed=4)
+    state = {common.hf_name(k, kind): v for k, v in ours.items() if not k.startswith("mlm.")}
+    state["embeddings.position_ids"] = positions
+    return files | {"pytorch_model.bin": saved_bin(state)}
+
+
+def released_diffcse(tmp, roberta=False):
+    """DiffCSE's whole training model [hub_facts.DIFFCSE_RELEASED]: the encoder under bert.
+    (roberta.), no pooler, beside the parts eval does not use: discriminator (a second encoder),
+    lm_head, mlp.net (the BN projector), generator (a masked LM) and electra_head."""
+    kind = "roberta" if roberta else "bert"
+    files, ours, positions = tiny_release(tmp, f"diffcse-{kind}", roberta, seed=5)
+    H = ours["embeddings.word_embeddings.weight"].shape[1]
+    encoder = {common.hf_name(k, kind): v for k, v in ours.items()
+               if not k.startswith(("mlm.", "pooler."))}
+    encoder["embeddings.position_ids"] = positions
+    state = {f"{kind}.{k}": v for k, v in encoder.items()}
+    state |= {f"discriminator.{k}": v.clone() for k, v in encoder.items()}
+    for k, v in ours.items():
+        if k.startswith("mlm."):  # BertLMPredictionHead's (RobertaLMHead's) names under lm_head.
+            state[re.sub(r"^(cls\.predictions|lm_head)\.", "lm_head.", common.hf_name(k, kind))] = v
+    state["lm_head.decoder.weight"] = ours["embeddings.word_embeddings.weight"].clone()
+    generator = "roberta" if roberta else "distilbert"  # distilroberta-base, distilbert-base-...
+    state |= {f"generator.{generator}.{common.hf_name(k, generator)}": v.clone()
+              for k, v in encoder.items()}
+    state |= {"mlp.net.0.weight": torch.randn(2 * H, H), "mlp.net.3.weight": torch.randn(H, 2 * H),
+              "electra_head.weight": torch.randn(2, H), "electra_head.bias": torch.zeros(2)}
+    for i, width in ((1, 2 * H), (4, H)):  # BatchNorm1d(2H), BatchNorm1d(H, affine=False)
+        state |= {f"mlp.net.{i}.running_mean": torch.zeros(width),
+                  f"mlp.net.{i}.running_var": torch.ones(width),
+                  f"mlp.net.{i}.num_batches_tracked": torch.tensor(7)}
+    state |= {"mlp.net.1.weight": torch.ones(2 * H), "mlp.net.1.bias": torch.zeros(2 * H)}
+    config = json.loads(files["config.json"]) | {"architectures": [f"{kind.title()}ForCL"]}
+    return files | {"pytorch_model.bin": saved_bin(state),
+                    "config.json": json.dumps(config).encode()}
+
+
 def senteval_tar(rows=6, seed=0):
     """senteval.tar with every recorded member, in the recorded order: a few rows in each file
     SentEval reads (STS, SICK), a placeholder in the others."""
@@ -284,6 +348,11 @@ def hub_files(tmp, sentences=300):
             "distilbert/distilbert-base-uncased": "distilbert",
             "FacebookAI/roberta-base": "roberta",
             "FacebookAI/roberta-large": "roberta", "distilbert/distilroberta-base": "roberta"}
+    for name in facts.SIMCSE_RELEASED + facts.DIFFCSE_RELEASED:
+        method = "simcse" if name in facts.SIMCSE_RELEASED else "diffcse"
+        kind[name] = f"{method}-roberta" if "roberta" in name else method
+    made |= {"simcse": released_simcse(tmp), "simcse-roberta": released_simcse(tmp, True),
+             "diffcse": released_diffcse(tmp), "diffcse-roberta": released_diffcse(tmp, True)}
     files = {}
     for repo, listed in facts.MODEL_FILES.items():
         for entry in listed:

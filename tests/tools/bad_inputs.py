@@ -691,8 +691,14 @@ def nothing_lost_cases(tmp, world, base, data, done):
 
 
 def using_a_model_cases(tmp, world, base, data):
-    """Issue 43's commands: encode, search, eval --sts_file, --dev_file."""
+    """Issue 43's commands: encode, search, eval --sts_file, --dev_file; summarize [issue 53]."""
     model, cpu = world["model"], ["--device", "cpu"]
+    run = {"method": "simcse", "config": {"seed": 1, "lr": 3e-5}, "best_dev": 80.0,
+           "test": {"STS12": 70.0, "Avg": 75.0}}  # a finished run's results.json, cut short
+    for name, changes in {"s1": {}, "s2": {"config": {"seed": 2, "lr": 1e-5}},
+                          "t1": {"config": {"seed": 3, "lr": 3e-5}, "test": {}}}.items():
+        (tmp / name).mkdir()
+        (tmp / name / "results.json").write_text(json.dumps(run | changes))
     files = {"corpus.txt": "a man is playing .\na dog runs .\n", "blank.txt": "",
              "two_cols.tsv": "a man runs .\ta person runs .\n" * 3,
              "word_score.tsv": "s1\ts2\tscore\na\tb\t1.0\nc\td\thigh\n",
@@ -737,6 +743,13 @@ def using_a_model_cases(tmp, world, base, data):
          sts + [str(tmp / "one_pair.tsv")], 2, True),
         ("--dev_file: a row with two columns", "simcse",
          base + data + ["--dev_file", str(tmp / "two_cols.tsv")], 2, True),
+        ("summarize: one run", "common", ["summarize", str(tmp / "s1")], 2, True),
+        ("summarize: a run without results.json", "common",
+         ["summarize", str(tmp / "s1"), str(tmp / "m_other")], 2, True),
+        ("summarize: runs of another lr", "common", ["summarize", str(tmp / "s1"),
+                                                      str(tmp / "s2")], 2, True),
+        ("summarize: a run without a test table", "common", ["summarize", str(tmp / "s1"),
+                                                             str(tmp / "t1")], 2, True),
     ]
 
 
