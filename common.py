@@ -776,6 +776,7 @@ def main_guard(fn, *args):
     warnings.filterwarnings("ignore", category=scipy.stats.ConstantInputWarning)
     # fp16: a first step skipped for overflow still steps the schedule, as HF Trainer 4.2 does
     warnings.filterwarnings("ignore", re.escape("Detected call of `lr_scheduler.step()` before"))
+    CAUGHT.clear()  # a new command: nothing caught yet
     try:
         result = fn(*args)
     except OSError as e:
@@ -1300,8 +1301,8 @@ def open_url(url, method="GET", headers=None, follow=lambda old, new: True):
             if not 300 <= e.code < 400:
                 raise
             r = e
-        new = urllib.parse.urljoin(url, r.headers.get("Location") or url)
-        if not 300 <= r.status < 400 or new == url or not follow(url, new):
+        new = urllib.parse.urljoin(url, r.headers.get("Location") or "")  # none: url itself
+        if not 300 <= r.status < 400 or "Location" not in r.headers or not follow(url, new):
             return r, url
         r.close()
         url = new
@@ -1356,7 +1357,8 @@ def download(url, dest, expected_sha256=None, flag=None):
             return dest
         for p in (dest, part):
             if os.path.lexists(p) and path_problem(p):  # a folder, a link loop: never written
-                raise UserError(f"{p} {path_problem(p).split(';')[0]}: move it away, then run again")
+                why = path_problem(p).split(";")[0]
+                raise UserError(f"{p} {why}: move it away, then run again")
         fetch_checked(url, part, expected_sha256, flag)
         os.replace(part, dest)
     finally:
@@ -1388,6 +1390,8 @@ def fetch_checked(url, part, expected_sha256, flag):
         if total is not None and size < total:
             raise OSError("short read")
     except urllib.error.HTTPError as e:
+        if e.code == 416:  # the .part reaches the file's real end, short of the stated size
+            part.unlink()
         code = e.headers.get("X-Error-Code")
         meaning = f": {HUB_ERRORS[code]}" if code in HUB_ERRORS else ""
         why = f" ({code}{meaning})" if code else ""
@@ -1416,6 +1420,8 @@ def fetch(url, part, have, total):
     a TimeoutError; more than `total` bytes: stops reading."""
     response, _ = open_url(url, headers={"Range": f"bytes={have}-"} if have else {})
     resumed = response.status == 206  # else the server ignored the range: from the start
+    if response.status != 200 and not resumed:  # a redirect without a Location
+        raise http.client.HTTPException(f"HTTP {response.status} instead of the file")
     flags = os.O_WRONLY | os.O_APPEND if resumed else os.O_WRONLY | os.O_CREAT | os.O_TRUNC
     with response, open(os.open(part, flags, 0o666), "wb") as f:
         done = os.fstat(f.fileno()).st_size
@@ -2249,13 +2255,12 @@ def catch_signals(run):
                 "--resume then redoes it"
         print(f"\n{signal.Signals(signum).name}: {what}", file=sys.stderr, flush=True)
     run.signals = 0
-    CAUGHT.clear()
     run.saving, run.evaluating = False, None
     with contextlib.suppress(ValueError):  # handlers can only be set in the main thread
         run.old_handlers = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
 
 
-CAUGHT = []  # the signals caught since catch_signals (release() forgets them): main_guard reads it
+CAUGHT = []  # the signals catch_signals caught during main_guard's command: it reads them
 
 
 def signal_received(run, step):
@@ -2479,7 +2484,6 @@ class Run:
         for s, h in getattr(self, "old_handlers", {}).items():
             signal.signal(s, h)
         self.old_handlers = {}
-        CAUGHT.clear()
         release_lock(getattr(self, "lock", None))
         if getattr(self, "log_file", None):
             self.log_file.close()
