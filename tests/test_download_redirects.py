@@ -1,7 +1,7 @@
-"""Downloads that mislead [issue 40], against the stand-in hub's hostile modes: a redirect is followed
-to http or https only, at most 10 times, by one rule for the hub and the CDN; a trickle is cut
-with one line saying to run again, and resumes; a stated size that lies never reaches the cache and
-leaves no .part that fails forever; size headers are ASCII digits or nothing."""
+"""Downloads that mislead [issue 40], against the stand-in hub's hostile modes: a redirect is
+followed to http or https only, at most 10 times, by one rule for the hub and the CDN; a trickle
+is cut with one line saying to run again, and resumes; a stated size that lies never reaches the
+cache and leaves no .part that fails forever; size headers are ASCII digits or nothing."""
 import email.message
 
 import pytest

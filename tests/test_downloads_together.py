@@ -78,7 +78,7 @@ def test_a_full_disk_says_so_and_removes_the_part(slow_hub, tmp_path):
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, hard))
     try:
-        with pytest.raises(common.UserError, match="the disk is full; deleted the partial download"):
+        with pytest.raises(common.UserError, match="disk is full; deleted the partial download"):
             common.download(url(slow_hub), tmp_path / "model.safetensors")
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))

@@ -562,7 +562,7 @@ MUTANTS = [
            "if False:",
            "--compile --chunk_size trains with other masks in each chunk's second pass",
            ["test_inputs.py"]),
-    # --- nothing lost, fourth pass [issue 40] ------------------------------------------------------
+    # --- nothing lost, fourth pass [issue 40] -----------------------------------------------------
     Mutant("download-without-lock", C,
            "lock, waited = hold_lock(dest.parent, waiting)",
            "lock, waited = None, False",
@@ -601,7 +601,8 @@ MUTANTS = [
     Mutant("others-folder-taken", C,
            "if others and not overwrite:",
            "if False:",
-           "another model's folder is taken as out_dir without --overwrite", ["test_run_folders.py"]),
+           "another model's folder is taken as out_dir without --overwrite",
+           ["test_run_folders.py"]),
     Mutant("protected-folder-taken", C,
            'if Path(os.path.realpath(out)) in {Path("/"), Path.home().resolve(), PROJECT}:',
            "if False:",
