@@ -66,6 +66,13 @@ def test_a_trickle_is_cut_with_one_line_and_the_rerun_resumes(hub, tmp_path, mon
     assert not part.exists()
 
 
+def test_nothing_new_for_the_limit_is_a_cut_too(hub, tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "LOW_SPEED", (1, 0.3))  # 1 byte/s passes; a silent 0.3 s does not
+    hub.slow = (50_000, 1.0)  # a piece, then a second of silence
+    with pytest.raises(common.UserError, match=r"cut at 50000 of 102400 bytes \(timed out\); run"):
+        common.download(url(hub), tmp_path / "model.safetensors")
+
+
 def test_more_bytes_than_the_stated_size_are_never_cached(hub, tmp_path):
     hub.stated_size = 1000  # the hub's size lies low: the CDN sends 102,400
     with pytest.raises(common.UserError, match="bytes where the hub states 1000; deleted it"):
