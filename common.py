@@ -441,6 +441,9 @@ def encode_sentences(model, tok, sentences, pooler="cls_before_pooler", batch_si
             if progress:
                 progress(start + len(idx), len(order))
     model.train(was_training)
+    if not torch.isfinite(out).all():  # a broken model: no table of numbers from it [issue 40]
+        raise UserError("the model gives non-finite sentence vectors (NaN or inf): its weights are "
+                        "broken (a diverged run?); evaluate another model or checkpoint")
     return out
 
 
@@ -773,6 +776,7 @@ def main_guard(fn, *args):
     warnings.filterwarnings("ignore", category=scipy.stats.ConstantInputWarning)
     # fp16: a first step skipped for overflow still steps the schedule, as HF Trainer 4.2 does
     warnings.filterwarnings("ignore", re.escape("Detected call of `lr_scheduler.step()` before"))
+    CAUGHT.clear()  # a new command: nothing caught yet
     try:
         result = fn(*args)
     except OSError as e:
@@ -791,9 +795,14 @@ def main_guard(fn, *args):
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
-    except RuntimeError as e:
-        if "not used in producing loss" not in str(e):  # DDP's reducer [torch reducer.cpp]
-            raise
+    except Exception as e:  # after a caught Ctrl-C/SIGTERM, what it interrupted failed: a cold
+        if CAUGHT:  # --compile's g++ killed with the process group [issue 40]
+            print(f"error: stopped by {signal.Signals(CAUGHT[-1]).name}, which broke what was "
+                  f"running ({type(e).__name__}); the last checkpoint, if any, is kept: run again "
+                  f"or --resume", file=sys.stderr)
+            sys.exit(128 + CAUGHT[-1])
+        if "not used in producing loss" not in str(e):  # else a crash, but DDP's reducer's
+            raise  # [torch reducer.cpp]: a parameter unused in the step [issue 57]
         unused = re.search(r"did not receive grad for rank \d+: ([\d ]+)", str(e))
         indices = unused.group(1).strip() if unused else "?"
         print(f"error: under torchrun a parameter of the model got no gradient (indices {indices}"
@@ -807,6 +816,7 @@ def main_guard(fn, *args):
 # --- Files: atomic writes, UTF-8, JSON, safetensors -----------------------------------------------
 # A file is whole or absent; text is UTF-8 or one line; a hostile safetensors header allocates none.
 
+TEMPORARY = r"\..+\.\w{8}\.tmp"  # atomic_write's temporary names: never anybody's file
 UMASK = os.umask(0o022)  # read it (the only way is to set it) and put it back
 os.umask(UMASK)
 DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
@@ -1276,7 +1286,8 @@ def hub_snapshot(name):
     repo = hub_cache() / ("models--" + str(name).replace("/", "--"))  # no glob: '*' is itself
     ref = repo / "refs" / "main"
     snapshots = repo / "snapshots"
-    commits = [ref.read_text().strip()] if ref.is_file() else []
+    named = ref.read_bytes().decode("ascii", "replace").strip() if ref.is_file() else ""
+    commits = [named] if re.fullmatch(r"[0-9a-f]{40}", named) else []  # else: passed over
     commits += sorted(p.name for p in snapshots.iterdir()) if snapshots.is_dir() else []
     return next((snapshots / c for c in commits if c and not folder_problem(snapshots / c)), None)
 
@@ -1308,96 +1319,171 @@ def resolve_model(name_or_dir, flag="--model"):
     return folder
 
 
-class _StayOnTheHub(urllib.request.HTTPRedirectHandler):
-    """Follow a redirect on the hub (a renamed repository), not one to the CDN: only the hub's
-    own answer states a large file's SHA-256 and size [huggingface_hub get_hf_file_metadata]."""
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args):  # a 3xx comes back as it is: open_url follows it
+        return None
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        if urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc:
-            return None  # the CDN: hub_answer reads its address from the Location header
-        return urllib.request.Request(newurl, headers=req.headers, method=req.get_method())
+
+MAX_REDIRECTS = 10  # urllib's own limit [urllib.request.HTTPRedirectHandler.max_redirections]
+LOW_SPEED = (1024, 60)  # bytes/s, seconds: slower for that long is cut [curl --speed-limit/-time]
+
+
+def open_url(url, method="GET", headers=None, follow=lambda old, new: True):
+    """-> (the answer, its address), redirects followed by one rule for the hub and the CDN: to
+    http or https only (urllib's rule: never file: or data:), at most MAX_REDIRECTS, and only
+    where follow(old, new). Nothing from a redirect refused was written."""
+    opener = urllib.request.build_opener(_NoRedirect)
+    for _ in range(MAX_REDIRECTS + 1):
+        if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+            raise UserError(f"a download was redirected to {url[:60]!r}: only http and https are "
+                            f"followed; nothing was saved (is HF_ENDPOINT right?)")
+        try:
+            r = opener.open(urllib.request.Request(url, headers=headers or {}, method=method),
+                            timeout=LOW_SPEED[1])  # nothing new for that long: a cut
+        except urllib.error.HTTPError as e:
+            if not 300 <= e.code < 400:
+                raise
+            r = e
+        new = urllib.parse.urljoin(url, r.headers.get("Location") or "")  # none: url itself
+        if not 300 <= r.status < 400 or "Location" not in r.headers or not follow(url, new):
+            return r, url
+        r.close()
+        url = new
+    raise UserError(f"a download was redirected more than {MAX_REDIRECTS} times (a loop), last to "
+                    f"{url[:60]!r}; nothing was saved: try again later")
+
+
+def same_host(old, new):
+    return urllib.parse.urlsplit(old).netloc == urllib.parse.urlsplit(new).netloc
+
+
+def header_int(headers, name):
+    """A size header as a number, or None: ASCII digits only ('\u00b2'.isdigit(), not int())."""
+    value = (headers.get(name) or "").strip()
+    return int(value) if value.isascii() and value.isdigit() else None
 
 
 def hub_answer(url):
     """HEAD url on the hub -> (where the bytes are, size or None, SHA-256 or None). A file in git:
     200, an ETag that is its git-SHA1 (no checksum of ours); a large (LFS/Xet) file: 302 to the CDN,
-    its SHA-256 in X-Linked-Etag, its size in X-Linked-Size; the CDN's ETag is no SHA-256."""
-    try:
-        r = urllib.request.build_opener(_StayOnTheHub).open(
-            urllib.request.Request(url, method="HEAD"), timeout=60)
-    except urllib.error.HTTPError as e:
-        if not 300 <= e.code < 400:
-            raise
-        r = e
+    its SHA-256 in X-Linked-Etag, its size in X-Linked-Size; the CDN's ETag is no SHA-256. A
+    redirect on the hub (a renamed repository) is followed, the one to the CDN read: only the hub's
+    own answer states them [huggingface_hub get_hf_file_metadata]."""
+    r, url = open_url(url, "HEAD", follow=same_host)
     with r:
         h = r.headers
-        where = urllib.parse.urljoin(r.geturl(), h.get("Location") or r.geturl())
+        where = urllib.parse.urljoin(url, h.get("Location") or url)
         sha256 = (h.get("X-Linked-Etag") or "").removeprefix("W/").strip('"')
-        size = h.get("X-Linked-Size") or h.get("Content-Length")
-    return (where, int(size) if size and size.isdigit() else None,
-            sha256 if re.fullmatch(r"[0-9a-f]{64}", sha256) else None)
+        size = header_int(h, "X-Linked-Size")
+        if size is None and r.status < 300:  # a 302's Content-Length is its own body's
+            size = header_int(h, "Content-Length")
+    return where, size, sha256 if re.fullmatch(r"[0-9a-f]{64}", sha256) else None
 
 
 def download(url, dest, expected_sha256=None, flag=None):
     """url -> dest with a progress line, resuming a .part file, checking the size and SHA-256 the
-    hub states (or expected_sha256). A failed download leaves no empty folder; a cut one keeps its
-    .part, and the same command resumes it."""
+    hub states (or expected_sha256). One writer at a time: the folder's lock, the others wait and
+    use the finished file. A failed download leaves no empty folder; a cut one keeps its .part,
+    and the same command resumes it; a .part that cannot become the file is deleted."""
     dest = Path(dest)
     part = Path(f"{dest}.part")
     created = [p for p in dest.parents if not p.exists()]  # removed again if left empty
-    total = None  # the size the hub states, once asked
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # SIMCSE_CACHE a file, a read-only disk
         raise UserError(f"cannot make the folder {dest.parent} ({e.strerror}): SIMCSE_CACHE (now "
                         f"{CACHE}) must name a writable folder") from None
+    waiting = f"{dest.name}: another process is downloading into {dest.parent}; waiting for it"
+    lock, waited = hold_lock(dest.parent, waiting)
+    try:
+        if waited and dest.is_file():  # the other process finished it: checked as it came
+            return dest
+        for p in (dest, part):
+            if os.path.lexists(p) and path_problem(p):  # a folder, a link loop: never written
+                why = path_problem(p).split(";")[0]
+                raise UserError(f"{p} {why}: move it away, then run again")
+        fetch_checked(url, part, expected_sha256, flag)
+        os.replace(part, dest)
+    finally:
+        release_lock(lock)
+        for p in created:
+            with contextlib.suppress(OSError):
+                p.rmdir()  # only if empty: a folder holding a .part or the file stays
+    return dest
+
+
+def fetch_checked(url, part, expected_sha256, flag):
+    """The hub's answer, then the bytes into part (resumed where they stopped), then the checks:
+    its size always, its SHA-256 where stated. Cut: the .part kept; more bytes than the stated
+    size or the wrong SHA-256: deleted (no rerun could make it right)."""
+    total = None  # the size the hub states, once asked
     try:
         where, total, sha256 = hub_answer(url)
         have = part.stat().st_size if part.exists() else 0
+        if total is not None and have > total:  # can never match: start over
+            part.unlink()
+            have = 0
         if total is None or have != total:  # else the .part is whole already
-            fetch(where, part, have if total is None or have < total else 0, dest.name)
-        if total is not None and part.stat().st_size != total:
+            fetch(where, part, have, total)
+        size = part.stat().st_size
+        if total is not None and size > total:
+            part.unlink()
+            raise UserError(f"download of {url} sent {size} bytes where the hub states {total}; "
+                            f"deleted it: run again later")
+        if total is not None and size < total:
             raise OSError("short read")
     except urllib.error.HTTPError as e:
+        if e.code == 416:  # the .part reaches the file's real end, short of the stated size
+            part.unlink()
         code = e.headers.get("X-Error-Code")
         meaning = f": {HUB_ERRORS[code]}" if code in HUB_ERRORS else ""
         why = f" ({code}{meaning})" if code else ""
         raise UserError(f"download of {url} failed: HTTP {e.code} {e.reason}{why}") from None
     except urllib.error.URLError as e:
-        how = f"pass its path with {flag}" if flag else f"put it at {dest}"
+        how = f"pass its path with {flag}" if flag else f"put it at {part.with_suffix('')}"
         raise UserError(f"cannot download {url} ({e.reason}): you seem to be offline; fetch it "
                         f"where there is internet and {how}{HOW_TO_GET.get(flag, '')}") from None
-    except (OSError, http.client.HTTPException) as e:  # reset, timed out or cut: keep the part
+    except (OSError, http.client.HTTPException) as e:  # reset, timed out, stalled or cut
+        if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            part.unlink(missing_ok=True)
+            raise UserError(f"no room to write {part} ({e.strerror}): the disk is full; deleted "
+                            f"the partial download: free space, then run again") from None
         size = part.stat().st_size if part.exists() else 0
         raise UserError(f"download of {url} was cut at {size} of {total or '?'} bytes "
-                        f"({type(e).__name__}); run the same command again to resume") from None
-    finally:
-        for p in created:
-            with contextlib.suppress(OSError):
-                p.rmdir()  # only if empty: a folder holding a .part or the file stays
+                        f"({str(e)[:60] or type(e).__name__}); run the same command again to "
+                        f"resume") from None
     if (expected_sha256 or sha256) and sha256_file(part) != (expected_sha256 or sha256):
         part.unlink()
         raise UserError(f"download of {url} is corrupt (SHA-256 mismatch); deleted it, run again")
-    os.replace(part, dest)
-    return dest
 
 
-def fetch(url, part, have, name):
-    """GET url into part, from byte `have` on (a Range request), with a progress line."""
-    response = urllib.request.urlopen(urllib.request.Request(
-        url, headers={"Range": f"bytes={have}-"} if have else {}), timeout=60)
-    with response, open(part, "ab" if response.status == 206 else "wb") as f:
-        done = have if response.status == 206 else 0  # else the server ignored the range
-        total = done + int(response.headers.get("Content-Length", 0))
-        shown = 0  # when the progress line was last shown
-        while chunk := response.read(1 << 20):
+def fetch(url, part, have, total):
+    """GET url into part from byte `have` on (a Range request), with a progress line; the part
+    appended to is the one measured under the lock (never created anew). Slower than LOW_SPEED:
+    a TimeoutError; more than `total` bytes: stops reading."""
+    response, _ = open_url(url, headers={"Range": f"bytes={have}-"} if have else {})
+    resumed = response.status == 206  # else the server ignored the range: from the start
+    if response.status != 200 and not resumed:  # a redirect without a Location
+        raise http.client.HTTPException(f"HTTP {response.status} instead of the file")
+    flags = os.O_WRONLY | os.O_APPEND if resumed else os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    with response, open(os.open(part, flags, 0o666), "wb") as f:
+        done = os.fstat(f.fileno()).st_size
+        if done != (have if resumed else 0):
+            raise OSError(f"{part} changed while resuming it")
+        total = total or done + (header_int(response.headers, "Content-Length") or 0)
+        progress = Progress(part.name.removesuffix(".part"), "bytes")
+        window = (time.time(), done)  # when the low-speed window began, the bytes then
+        while chunk := response.read1(1 << 16):
             f.write(chunk)
             done += len(chunk)
-            if time.time() - shown > 1 or done == total:
-                shown = time.time()
-                print(f"\r{name}: {done / 1e6:.1f} / {total / 1e6:.1f} MB", end="",
-                      file=sys.stderr)
-    print(file=sys.stderr)
+            progress(done, max(total, done))
+            if done > total:  # a size that lies: no more is read
+                break
+            if time.time() - window[0] >= LOW_SPEED[1]:
+                if done - window[1] < LOW_SPEED[0] * LOW_SPEED[1]:
+                    raise TimeoutError(f"stalled: under {LOW_SPEED[0]} bytes/s for "
+                                       f"{LOW_SPEED[1]} s")
+                window = (time.time(), done)
 
 
 def sha256_file(path):
@@ -1706,17 +1792,35 @@ def check_model(name, flag):
 
 
 def check_out_dir(out, overwrite):
-    """A file, another run (unless --overwrite), or a folder that cannot be created or written."""
+    """A file, another run or a folder holding others' files (unless --overwrite), a folder that
+    cannot be created or written; never /, the home folder or the project's folder. Under
+    --overwrite each output is replaced: a folder in the place of one is refused now."""
     if out.exists() and not out.is_dir():
         raise UserError(f"--out_dir {out} is a file, not a folder")
+    if Path(os.path.realpath(out)) in {Path("/"), Path.home().resolve(), PROJECT}:
+        raise UserError(f"--out_dir {out} is /, the home folder or the project's folder, never a "
+                        f"run's: pick a new folder, such as runs/NAME")
     held = [n for n in ("results.json", "checkpoint.pt", "model.safetensors") if (out / n).exists()]
     if held and not overwrite:
         resume = f"--resume {out} to continue it, " if held == ["checkpoint.pt"] else ""
         raise UserError(f"--out_dir {out} already holds a run ({', '.join(held)}); pass {resume}"
                         f"--overwrite to replace it, or another --out_dir")
+    ours = {n.split("/")[0] for n in OUTPUTS}
+    others = sorted(p.name for p in out.iterdir() if p.name not in ours and not
+                    re.fullmatch(TEMPORARY, p.name)) if out.is_dir() else []
+    if others and not overwrite:  # another model's folder, a project: not ours to write in
+        raise UserError(f"--out_dir {out} holds files that are not a run's ({', '.join(others[:3])}"
+                        f"); pass --overwrite to write beside them, or pick another --out_dir")
+    folders = [n for n in OUTPUTS if (out / n).is_dir()]
+    if folders:
+        raise UserError(f"--out_dir {out}: {folders[0]} is a folder, where the run writes a file: "
+                        f"move it away, or pick another --out_dir")
     parent = next(p for p in (out, *out.absolute().parents) if os.path.lexists(p))
     if not (parent.is_dir() and os.access(parent, os.W_OK)):
         raise UserError(f"--out_dir {out}: {parent} is not a writable folder")
+
+
+PROJECT = Path(__file__).resolve().parent  # this project's folder: never an out_dir
 
 
 def check_writes_no_input(flag, outputs, inputs):
@@ -1883,24 +1987,59 @@ def load_data(run, tok, one_column=False):
 # --- out_dir: a lock, exclusive creation, a log never written through a link ----------------------
 # Two runs never share an out_dir; nothing is written there before the inputs pass.
 
-def lock_folder(out):
-    """flock on the folder itself, taken before out_dir is checked (two runs started together
-    cannot both pass) and held until release() or the process ends (a crash leaves no stale lock)
-    -> its descriptor, or None (no folder yet: open_out_dir makes it; not POSIX)."""
+def hold_lock(folder, waiting=None):
+    """An exclusive flock on the folder itself, held until release_lock or the process ends (a
+    crash leaves no stale lock) -> (its descriptor, whether it was waited for). Held elsewhere:
+    BlockingIOError, or with `waiting` that line said, then the wait. Not POSIX: (None, False)."""
     try:
         import fcntl
     except ImportError:
-        return None
-    if int(os.environ.get("RANK", "0")) > 0 or not out.is_dir():  # torchrun: rank 0 holds it
-        return None
-    fd = os.open(out, os.O_RDONLY)
+        return None, False
+    fd = os.open(folder, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd, False
     except BlockingIOError:
+        if waiting is None:
+            os.close(fd)
+            raise
+    print(waiting, file=sys.stderr, flush=True)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd, True
+
+
+def release_lock(fd):
+    if fd is not None:
         os.close(fd)
+
+
+def torchrun_rank():
+    """This process's rank, from RANK and WORLD_SIZE read once: 0 without them. A RANK left from
+    another shell (no WORLD_SIZE: it would skip the lock), a non-number or a RANK that is not below
+    WORLD_SIZE: one line. WORLD_SIZE's other variables: init_distributed."""
+    rank = os.environ.get("RANK", "0")
+    size = os.environ.get("WORLD_SIZE", "1")
+    for name, value in (("RANK", rank), ("WORLD_SIZE", size)):
+        if not (value.isascii() and value.isdigit()):
+            raise UserError(f"{name}={value!r} is not a number: left from another shell? unset "
+                            f"it, or start the run with torchrun")
+    if int(rank) >= int(size):
+        raise UserError(f"RANK={rank} with WORLD_SIZE={os.environ.get('WORLD_SIZE', '(unset)')}: "
+                        f"left from another shell? unset RANK, or start the run with torchrun")
+    return int(rank)
+
+
+def lock_folder(out):
+    """The out_dir's lock (hold_lock), taken before out_dir is checked (two runs started together
+    cannot both pass) -> its descriptor, or None (no folder yet: open_out_dir makes it; not POSIX;
+    a torchrun rank above 0: rank 0 holds it)."""
+    if torchrun_rank() > 0 or not out.is_dir():
+        return None
+    try:
+        return hold_lock(out)[0]
+    except BlockingIOError:
         raise UserError(f"--out_dir {out} is in use by another run that is still going: wait "
                         f"for it, or pick another --out_dir") from None
-    return fd
 
 
 def out_dir_of(cfg, method):
@@ -1930,7 +2069,7 @@ def open_out_dir(run):
     if (run.out / "1_Pooling").exists() and not (run.out / "1_Pooling").is_dir():
         raise UserError(f"--out_dir {run.out}: 1_Pooling is a file, where the saved model needs "
                         f"a folder: move it, or pick another --out_dir")
-    left = [p for p in run.out.iterdir() if re.fullmatch(r"\..+\.\w{8}\.tmp", p.name)]
+    left = [p for p in run.out.iterdir() if re.fullmatch(TEMPORARY, p.name)]
     for path in left + [run.out / n for n in OUTPUTS if run.cfg.overwrite]:
         path.unlink(missing_ok=True)  # atomic_write's temporary names: never anybody's file
     log = run.out / "log.txt"
@@ -2142,6 +2281,7 @@ def catch_signals(run):
     stops at once if a checkpoint is there and none is being written (else a third one does)."""
     def handler(signum, frame):
         run.signals += 1
+        CAUGHT.append(signum)
         has_checkpoint = (run.out / "checkpoint.pt").exists() and not run.saving
         if run.signals > 2 or run.signals == 2 and has_checkpoint:
             run.release()  # a further one acts as if no run were here
@@ -2161,6 +2301,9 @@ def catch_signals(run):
     run.saving, run.evaluating = False, None
     with contextlib.suppress(ValueError):  # handlers can only be set in the main thread
         run.old_handlers = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+
+
+CAUGHT = []  # the signals catch_signals caught during main_guard's command: it reads them
 
 
 def signal_received(run, step):
@@ -2384,8 +2527,7 @@ class Run:
         for s, h in getattr(self, "old_handlers", {}).items():
             signal.signal(s, h)
         self.old_handlers = {}
-        if getattr(self, "lock", None) is not None:
-            os.close(self.lock)
+        release_lock(getattr(self, "lock", None))
         if getattr(self, "log_file", None):
             self.log_file.close()
         self.lock = self.log_file = None
@@ -2501,9 +2643,6 @@ def analyze_model(model, tok, root, pooler="cls_before_pooler", split="test", ba
     index = {s: i for i, s in enumerate(unique)}
     vectors = encode_sentences(model, tok, unique, pooler, batch_size,  # [M, H], as `eval` has them
                                progress=Progress(f"STS-B {split}"))
-    if not torch.isfinite(vectors).all():  # the singular values could not be computed
-        raise UserError(f"STS-B {split}: the model gives non-finite vectors (NaN or inf): a "
-                        f"diverged run?")
     va, vb = vectors[[index[s] for s in a]], vectors[[index[s] for s in b]]  # [N, H] each
     positive, sims = torch.as_tensor(gold > POSITIVE_GOLD), cosine(va, vb)  # [N] bool, sims [N]
     return {"split": f"STS-B {split}", "pooler": pooler, "pairs": len(gold),
@@ -2738,6 +2877,10 @@ def load_transfer(root, task):
             if not rows:
                 raise ValueError("no samples")
             samples, labels = zip(*[parse_row(task, r) for r in rows])
+            classes = range(len(TREC_CLASSES) if task == "TREC" else 2)  # binary: 0, 1 [SentEval]
+            if not set(labels) <= set(classes):  # a label 2 would be a third class, fitted
+                raise ValueError(f"labels {sorted(set(labels) - set(classes))[:3]} outside "
+                                 f"{classes[0]}-{classes[-1]}")
             splits[split] = list(samples), list(labels)  # `for line in f`: \n, \r only [sst.py]
     return splits
 
@@ -2750,6 +2893,10 @@ def length_order(samples, labels):
     return [s for s, _ in pairs], np.array([y for _, y in pairs])
 
 
+class FoldsError(ValueError):
+    """Too few samples of each class for the folds (then evaluate_transfer names the task)."""
+
+
 def stratified_kfold(y, k, seed=SEED):
     """[(train rows, test rows)] per fold, as scikit-learn's StratifiedKFold(k, shuffle=True,
     random_state=seed) draws them [sklearn 0.22+ model_selection/_split.py]."""
@@ -2758,7 +2905,7 @@ def stratified_kfold(y, k, seed=SEED):
     y = np.unique(first, return_inverse=True)[1][inverse.reshape(-1)]  # classes by first seen
     counts = np.bincount(y)
     if np.all(counts < k):  # as scikit-learn refuses it
-        raise ValueError(f"{k} folds, but no class has {k} members")
+        raise FoldsError(f"{k} folds, but no class has {k} members")
     # each fold's share of each class: deal the sorted labels round robin
     share = np.array([np.bincount(np.sort(y)[i::k], minlength=len(counts)) for i in range(k)])
     fold = np.empty(len(y), dtype=int)
@@ -2933,7 +3080,11 @@ def evaluate_transfer(model, tok, root, mode="test", pooler="cls_before_pooler",
     for task, splits in data.items():
         tick, xy = time.time(), {s: (embed(x), y) for s, (x, y) in splits.items()}
         scheme = {"SST2": dev_split}.get(task, inner_kfold if task in BINARY_FILES else kfold_refit)
-        dev, test, *yhat = scheme(xy, fit_mode, device)
+        try:
+            dev, test, *yhat = scheme(xy, fit_mode, device)
+        except FoldsError as e:
+            raise UserError(f"{task}: {len(splits[list(splits)[0]][1])} samples, too few: {e} "
+                            f"[SentEval]; use SentEval's own files") from None
         results[task] = dev if mode == "dev" else test
         details[task] = {"devacc": dev, "acc": test, "seconds": round(time.time() - tick, 1),
                          **({"f1": f1_percent(xy["test"][1], *yhat)} if task == "MRPC" else {})}

@@ -18,6 +18,8 @@ in the real files' format (bert-base-uncased's legacy tensor names included), a 
 sentences, senteval.tar with all 132 recorded members in their order and a few rows in each file
 SentEval reads. Not recorded, so chosen here: the redirect status of a renamed repository (307),
 tokenizer_config.json's content (only its size is recorded), the CDN's path and the commit hashes.
+Chosen, not recorded, too: the hostile modes a test turns on (a slowed or trickling CDN, the hub's
+Location for a large file as given: file:, data:, a loop; a stated size that lies) [issue 40].
 """
 import hashlib
 import http.server
@@ -29,6 +31,7 @@ import socket
 import struct
 import tarfile
 import threading
+import time
 import urllib.parse
 
 import torch
@@ -55,6 +58,9 @@ class StandInHub:
         self.unstated = set()  # LFS files whose hub answer states no X-Linked-Etag
         self.cut_after, self.reset = None, False  # the CDN's next answer stops after N bytes
         self.ignore_range = self.corrupt = False  # the CDN answers 200 to a Range / flips a byte
+        self.slow = None  # (bytes, seconds): the CDN sends so many bytes, then waits so long
+        self.location = None  # the hub's Location for a large file instead of the CDN's address
+        self.stated_size = None  # the X-Linked-Size the hub states instead of the true size
         self.hub, self.cdn = serve(HubHandler, self), serve(CDNHandler, self)
         self.url = f"http://127.0.0.1:{self.hub.server_address[1]}"
         self.cdn_url = f"http://127.0.0.1:{self.cdn.server_address[1]}"
@@ -134,9 +140,10 @@ class HubHandler(Handler):
         data = hub.files[f"{repo}/{file}"]
         if f"{repo}/{file}" in hub.lfs:
             sha256 = hashlib.sha256(data).hexdigest()
-            location = f"{hub.cdn_url}/repos/{sha256}?X-Xet-Cas-Uid=public"
+            location = hub.location or f"{hub.cdn_url}/repos/{sha256}?X-Xet-Cas-Uid=public"
             stated = {} if f"{repo}/{file}" in hub.unstated else {"X-Linked-Etag": f'"{sha256}"'}
-            return self.send(302, {"Location": location, **stated, "X-Linked-Size": str(len(data)),
+            size = str(hub.stated_size or len(data))
+            return self.send(302, {"Location": location, **stated, "X-Linked-Size": size,
                                    "X-Repo-Commit": commit,
                                    "Content-Type": "text/plain; charset=utf-8"},
                              f"Found. Redirecting to {location}".encode(), body)
@@ -164,6 +171,8 @@ class CDNHandler(Handler):
                 return self.send(416, {"Content-Range": f"bytes */{len(data)}"}, b"", body)
             headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
         chunk = data[start:]
+        if hub.slow and body:
+            return self.send_slowly(status, headers, chunk)
         if hub.cut_after is None or not body:
             return self.send(status, headers, chunk, body)
         self.send(status, headers | {"Content-Length": str(len(chunk))}, send_body=False)
@@ -173,6 +182,18 @@ class CDNHandler(Handler):
         if hub.reset:  # an abortive close (RST), as a dropped connection looks to the client
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self.connection.close()
+
+
+    def send_slowly(self, status, headers, chunk):
+        self.send(status, headers | {"Content-Length": str(len(chunk))}, send_body=False)
+        step, pause = self.server.hub.slow
+        try:
+            for i in range(0, len(chunk), step):
+                self.wfile.write(chunk[i:i + step])
+                self.wfile.flush()
+                time.sleep(pause)
+        except OSError:  # the client gave up (a stalled download is cut)
+            self.close_connection = True
 
 
 # --- The files, cut small -------------------------------------------------------------------------

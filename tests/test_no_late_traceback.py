@@ -50,7 +50,7 @@ def test_gold_scores_outside_0_to_5_are_one_line(world, tmp_path):
 
 
 def test_a_diverged_model_is_one_line_and_a_collapsed_one_is_analysed(world, tmp_path):
-    with pytest.raises(common.UserError, match="non-finite vectors"):
+    with pytest.raises(common.UserError, match="non-finite sentence vectors"):
         analyze(world, tmp_path, model=with_weights(world, tmp_path, float("nan")))
     models = analyze(world, tmp_path, model=with_weights(world, tmp_path, 0.0))
     assert models[0]["test"]["singular_values"][0] == 0.0  # every vector the same: none spread

@@ -646,7 +646,75 @@ def cases(tmp):
         ),
     ]
     return c + nothing_lost_cases(tmp, world, base, data, done) + using_a_model_cases(
-        tmp, world, base, data), dict(world=world, done=done, tmp=tmp)
+        tmp, world, base, data) + fourth_pass_cases(tmp, world, base, data), dict(
+        world=world, done=done, tmp=tmp)
+
+
+def transfer_senteval(root, edit=None, n=30):
+    """A tiny SentEval folder with the transfer tasks' files (n samples each), then edit(root)."""
+    from test_transfer import write_transfer_folders
+    make_senteval(root)
+    write_transfer_folders(root, n=n)
+    if edit:
+        edit(root)
+    return str(root)
+
+
+def replace_in(rel, old, new):
+    def edit(root):
+        (root / rel).write_text((root / rel).read_text().replace(old, new, 1))
+    return edit
+
+
+def fourth_pass_cases(tmp, world, base, data):
+    """Issue 40's classes: RANK read once, out_dirs that are not a run's, outputs that are folders,
+    broken models and labels, a refs/main that is not UTF-8, a cached senteval.tar that is a
+    folder. (Downloads that mislead need the stand-in hub: tests/test_download*.py.)"""
+    model = Path(world["model"])
+    theirs = tmp / "theirs"  # another model's folder: not a run's files
+    theirs.mkdir()
+    (theirs / "pytorch_model.bin").write_bytes(b"their weights")
+    folders = {n: tmp / f"folder_{n}" for n in ("results.json", "log.txt")}
+    for name, folder in folders.items():
+        (folder / name).mkdir(parents=True)
+    tensors = common.read_safetensors(model / "model.safetensors")
+    nan = copy_model(model, tmp / "m_nan", lambda d: common.write_safetensors(
+        d / "model.safetensors", {k: v.float().fill_(float("nan")) if v.is_floating_point()
+                                  else v for k, v in tensors.items()}))
+    hub = tmp / "hf_hub" / "models--org--tiny"
+    (hub / "refs").mkdir(parents=True)
+    (hub / "refs" / "main").write_bytes(b"\xff\xfe not UTF-8")
+    (hub / "snapshots").mkdir()
+    (hub / "snapshots" / ("a" * 40)).symlink_to(model)
+    (tmp / "cache_tar_dir" / "data" / "senteval.tar").mkdir(parents=True)
+    evaluate = ["eval", "--model", str(model), "--device", "cpu", "--tasks", "transfer",
+                "--mode", "fasttest", "--senteval"]
+    return [
+        ("RANK=x (not a number)", "simcse", base + data, 2, True, {"env": {"RANK": "x"}}),
+        ("RANK=1 left from another shell (no WORLD_SIZE)", "simcse", base + data, 2, True,
+         {"env": {"RANK": "1"}}),
+        ("--out_dir another model's folder (pytorch_model.bin: not a run's)", "simcse",
+         base[:-1] + [str(theirs)] + data, 2, False),
+        ("--out_dir the project's folder, --overwrite", "simcse",
+         base[:-1] + [str(TESTS.parent), "--overwrite"] + data, 2, False),
+        *[(f"--out_dir whose {n} is a folder, --overwrite", "simcse",
+           base[:-1] + [str(folders[n]), "--overwrite"] + data, 2, False) for n in folders],
+        ("eval: a model whose weights are NaN", "common",
+         ["eval", "--model", nan, "--senteval", world["senteval"], "--device", "cpu"], 2, True),
+        ("eval --tasks transfer: an SST-2 label 2", "common", evaluate + [transfer_senteval(
+            tmp / "se_label2", replace_in("SST/binary/sentiment-train", "\t1\n", "\t2\n"))],
+         2, True),
+        ("eval --tasks transfer: an MRPC label -1", "common", evaluate + [transfer_senteval(
+            tmp / "se_negative", replace_in("MRPC/msr_paraphrase_train.txt", "\n0\t", "\n-1\t"))],
+         2, True),
+        ("eval --tasks transfer: files too small for the folds", "common",
+         evaluate + [transfer_senteval(tmp / "se_small", n=3)], 2, True),
+        ("--model org/tiny: refs/main not UTF-8 in the HF cache (passed over)", "common",
+         ["eval", "--model", "org/tiny", "--senteval", world["senteval"], "--device", "cpu"],
+         0, True, {"env": {"HF_HUB_CACHE": str(tmp / "hf_hub")}}),
+        ("download senteval: the cached senteval.tar is a folder", "common",
+         ["download", "senteval"], 2, True, {"env": {"SIMCSE_CACHE": str(tmp / "cache_tar_dir")}}),
+    ]
 
 
 def nothing_lost_cases(tmp, world, base, data, done):
