@@ -66,6 +66,16 @@ def test_start_blanks_under_the_docstring_and_reset_gives_the_bytes_back(tree, n
     assert not any(exercise.store(ex, q).exists() for q in ex.functions)
 
 
+def test_reset_without_start_puts_the_last_commits_body_back(tree, monkeypatch):
+    """A learner who edits the function in place, never `start`: ours is the last commit's."""
+    monkeypatch.setattr(exercise, "ROOT", tree)
+    path, ex = tree / "simcse_min.py", exercise.BY_NAME["make-views"]
+    before = path.read_bytes()
+    path.write_text(before.decode().replace("ids.transpose(0, 1).flatten(0, 1), mask", "ids, mask"))
+    exercise.reset(ex)
+    assert path.read_bytes() == before
+
+
 def test_blank_keeps_shape_comments_naming_what_each_line_assigns():
     text = (ROOT / "simcse_min.py").read_text(encoding="utf-8")
     body = exercise.function_text(exercise.blanked(text, "info_nce", "info-nce"), "info_nce")

@@ -202,10 +202,14 @@ def store(ex, qualname):
 
 
 def ours(ex, qualname):
-    """Our function's text: the copy `start` kept, else the file's own (not started)."""
+    """Our function's text: the copy `start` kept, else the last commit's (edited without
+    `start`), else the file's own."""
     kept = store(ex, qualname)
     if kept.is_file():
         return kept.read_text(encoding="utf-8")
+    done = subprocess.run(["git", "show", f"HEAD:./{ex.file}"], cwd=ROOT, capture_output=True)
+    if done.returncode == 0:
+        return function_text(done.stdout.decode("utf-8"), qualname)
     return function_text((ROOT / ex.file).read_text(encoding="utf-8"), qualname)
 
 
@@ -229,13 +233,10 @@ def start(ex):
 def reset(ex):
     path = ROOT / ex.file
     for qualname in ex.functions:
-        kept = store(ex, qualname)
-        if not kept.is_file():
-            print(f"{ex.file}: {qualname} is ours already")
-            continue
-        text = with_function(path.read_text(encoding="utf-8"), qualname, kept.read_text("utf-8"))
-        path.write_text(text, encoding="utf-8")
-        kept.unlink()
+        text, body = path.read_text(encoding="utf-8"), ours(ex, qualname)
+        if function_text(text, qualname) != body:
+            path.write_text(with_function(text, qualname, body), encoding="utf-8")
+        store(ex, qualname).unlink(missing_ok=True)
         print(f"{ex.file}: {qualname} is ours again")
 
 
