@@ -327,7 +327,8 @@ def check(ex):
     m, mine = known_mistake(ex, text)
     if m:
         print(f"FAIL {ex.name}: yours behaves like a known mistake, {m.name}: {m.why}.\n"
-              f"  (on the same inputs yours and it agree; failed: {', '.join(failed)})")
+              f"  On the same inputs yours and it agree (failed: {', '.join(failed)}).\n"
+              f"  Fix that and check again: the oracle tests may find more.")
         return False
     print(output.rstrip()[-3000:])
     print(f"FAIL {ex.name}: the oracle tests above fail; no known mistake gives what yours "
