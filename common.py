@@ -1170,10 +1170,12 @@ def note_unused(folder, unused):
           file=sys.stderr)
 
 
-def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
-    """A folder that BertModel (RobertaModel) and sentence-transformers (CLS pooling) load with our
-    vectors; the model's pooler (a method's MLP) saved as transformers' (pooler_output), as the
-    released SimCSE models are [official simcse_to_huggingface.py]."""
+def save_pretrained(model, folder, tokenizer, pooler="cls_before_pooler",
+                    dtype=torch.float32):
+    """A folder that BertModel (RobertaModel) and sentence-transformers load with our vectors; the
+    model's pooler (a method's MLP) saved as transformers' (pooler_output), as the released SimCSE
+    models are [official simcse_to_huggingface.py]. sentence-transformers gives the test vector
+    `pooler`: the raw [CLS] (CLS pooling); `cls` (supervised SimCSE): then the MLP (Dense)."""
     folder = Path(folder)
     cfg = model.cfg
     mlm = model.mlm is not None
@@ -1192,6 +1194,11 @@ def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
                                                 BPE_SPECIALS if bpe else SPECIAL_TOKENS)}
     strip = None if tokenizer.strip_accents == tokenizer.lower else tokenizer.strip_accents
     st = "sentence_transformers.models."
+    modules = [{"idx": 0, "name": "0", "path": "", "type": st + "Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": st + "Pooling"}]
+    if pooler == "cls":  # the MLP after the CLS pooling, as sentence-transformers' Dense module
+        write_dense(model.pooler.dense, folder / "2_Dense", dtype)
+        modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": st + "Dense"})
     tokenizer_config = {"tokenizer_class": "RobertaTokenizer", "add_prefix_space": False,
                         "bos_token": "<s>", "eos_token": "</s>"} if bpe else {
         "tokenizer_class": "BertTokenizer", "do_lower_case": tokenizer.lower,
@@ -1203,8 +1210,7 @@ def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
                         "torch_dtype": str(dtype).removeprefix("torch.")},
         "tokenizer_config.json": tokenizer_config | specials | {"model_max_length": cfg.max_tokens},
         "special_tokens_map.json": specials,
-        "modules.json": [{"idx": 0, "name": "0", "path": "", "type": st + "Transformer"},
-                         {"idx": 1, "name": "1", "path": "1_Pooling", "type": st + "Pooling"}],
+        "modules.json": modules,
         "sentence_bert_config.json": {"max_seq_length": cfg.max_tokens, "do_lower_case": False},
         "1_Pooling/config.json": {"word_embedding_dimension": cfg.hidden_size, **{
             f"pooling_mode_{m}": m == "cls_token"
@@ -1223,6 +1229,19 @@ def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
         raise CheckpointError("the vocabulary has a token with a line break: it cannot be saved")
     with atomic_write(folder / "vocab.txt") as f:
         f.write("".join(token + "\n" for token in lines))
+
+
+def write_dense(linear, folder, dtype):
+    """nn.Linear + tanh as sentence-transformers' Dense saves itself: config.json (the activation by
+    its fullname()), the weights as linear.weight and linear.bias [UKPLab/sentence-transformers
+    models/Dense.py @13b4da2, save()]; in model.safetensors, as 6.2.0 writes and reads them
+    (tests/fixtures/pooler_ref.json "dense_format", from make_pooler_fixtures.py)."""
+    folder.mkdir(exist_ok=True)
+    write_json(folder / "config.json", {
+        "in_features": linear.in_features, "out_features": linear.out_features, "bias": True,
+        "activation_function": "torch.nn.modules.activation.Tanh"})
+    write_safetensors(folder / "model.safetensors", {"linear.weight": linear.weight.to(dtype),
+                                                     "linear.bias": linear.bias.to(dtype)})
 
 
 # --- Resolving and downloading models and data ----------------------------------------------------

@@ -207,7 +207,7 @@ def train(cfg):
         model.load_state_dict(best["state"])
     test = {} if cfg.test == "none" else evaluate_sts(  # the test vector, as at dev
         model, tok, run.senteval, "test", run.pooler, progress=run.progress("STS test"))
-    save_pretrained(model, run.out, tok)  # as the released models are [official]
+    save_pretrained(model, run.out, tok, run.pooler)  # as the released models are [official]
     return run.finish(test, best, stopped)  # the log, results.json; stopped: exit 3
 
 
