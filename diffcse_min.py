@@ -169,7 +169,7 @@ def train_step(model, head, ids, mask, cfg, disc, generator, tok, gen):
 
 def train(cfg):
     run = Run(cfg, __file__, models=("model", "generator"))  # DiffCSE: the generator checked too
-    tok, model = run.load_model()  # Tokenizer and Bert.from_pretrained(cfg.model), on the CPU
+    tok, model = run.load_model()  # DiffCSE: without --do_mlm; Tokenizer and Bert (the CPU)
     data = run.load_data(tok, one_column=True)  # DiffCSE: unsupervised only
     dev_set = DevSet(tok, run.dev_pairs, model.cfg.max_tokens)  # picks the best step [SimCSE]
     model = model.to(run.device)
