@@ -343,10 +343,11 @@ class Bert(nn.Module):
             return states[-1][:, 0]  # [B, H]
         return states[-1]
 
-    def forward(self, ids, mask, cls_only=False, chunk_size=0):  # ids, mask [B, L] -> [B, L, H]
+    def forward(self, ids, mask, cls_only=False, chunk_size=0, mlm=False):  # -> [B, L, H]
         if 0 < chunk_size < len(ids):  # the same output, chunk_size rows at a time (gradient_cache)
-            return gradient_cache(self, chunk_size, ids, mask, cls_only=cls_only)
-        return self.encode(self.embeddings(ids), mask, cls_only=cls_only)  # cls_only: [B, H]
+            return gradient_cache(self, chunk_size, ids, mask, cls_only=cls_only, mlm=mlm)
+        h = self.encode(self.embeddings(ids), mask, cls_only=cls_only)  # cls_only: [B, H]
+        return self.mlm_logits(h) if mlm else h  # mlm: the MLM head's logits [B, L, V] (--do_mlm)
 
     def mlm_logits(self, h):  # h [B, L, H] -> [B, L, V]
         return self.mlm(h, self.embeddings.word_embeddings.weight)
@@ -718,6 +719,35 @@ def set_random_states(states, device):
     torch.set_rng_state(states[0])
     if states[1] is not None:
         getattr(torch, device.type).set_rng_state(states[1], device)
+
+
+# --- The masked-LM loss: --do_mlm's auxiliary loss, and DiffCSE's masking ------------------------
+
+def mask_tokens(ids, mask, ratio, mask_id, vocab_size, special_ids, gen):
+    """BERT's masking, per row: `ratio` of the real tokens but `special_ids` chosen, 80% of them
+    -> [MASK], 10% random, 10% kept [official: HF's MLM collator] -> (masked [N, L], chosen)."""
+    def draw(p):
+        return torch.rand(ids.shape, generator=gen, device=ids.device) < p
+    maskable = mask.bool() & ~torch.stack([ids == s for s in special_ids]).any(0)  # no host copy
+    chosen = draw(ratio) & maskable
+    to_mask = chosen & draw(0.8)
+    to_random = chosen & ~to_mask & draw(0.5)  # half of the remaining 20%
+    random_ids = torch.randint(vocab_size, ids.shape, generator=gen, device=ids.device)  # [HF]
+    return torch.where(to_random, random_ids, torch.where(to_mask, mask_id, ids)), chosen
+
+
+def mlm_loss(model, ids, mask, tok, gen, views=1, chunk_size=0, ratio=0.15):
+    """The MLM head's loss on ids, mask [views*B, L], the whole batch, every view 15% masked as
+    BERT's: the mean cross-entropy at the chosen tokens [official collator, cl_forward]. Each
+    process encodes its rows; the mean is the whole batch's (all_gather), as one process's."""
+    ids, mask = ids.to(gen.device), mask.to(gen.device)  # drawn whole: the same masks under DDP
+    specials = (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id)  # [official collator]
+    masked, chosen = mask_tokens(ids, mask, ratio, tok.mask_id, len(tok.vocab), specials, gen)
+    masked, ids, mask = (shard(t, views) for t in (masked, ids, mask))  # [v*b, L]: this process's
+    logits = model(masked, mask, chunk_size=chunk_size, mlm=True)  # [v*b, L, V]
+    nll = F.cross_entropy(upcast(logits).transpose(1, 2), ids, reduction="none")  # [v*b, L]
+    nll = all_gather(nll, views)  # [views*B, L]
+    return (nll * chosen).sum() / chosen.sum().clamp(min=1)  # none chosen: 0 [official: NaN]
 
 
 # ==================================================================================================
@@ -1139,7 +1169,7 @@ def rename_checkpoint(tensors, model_type, expected, mlm_head):
         hint = ""
         if all(k.startswith("mlm.") for k in missing):
             hint = (" (the checkpoint has no masked-LM head: a masked language model is needed "
-                    "here, e.g. distilbert-base-uncased)")
+                    "here, for --do_mlm or DiffCSE's --generator, e.g. bert-base-uncased)")
         raise CheckpointError(f"checkpoint is missing {len(missing)} tensors{hint}: "
                               f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
     bad = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in expected.items()
@@ -1171,10 +1201,12 @@ def note_unused(folder, unused):
           file=sys.stderr)
 
 
-def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
-    """A folder that BertModel (RobertaModel) and sentence-transformers (CLS pooling) load with our
-    vectors; the model's pooler (a method's MLP) saved as transformers' (pooler_output), as the
-    released SimCSE models are [official simcse_to_huggingface.py]."""
+def save_pretrained(model, folder, tokenizer, pooler="cls_before_pooler",
+                    dtype=torch.float32):
+    """A folder that BertModel (RobertaModel) and sentence-transformers load with our vectors; the
+    model's pooler (a method's MLP) saved as transformers' (pooler_output), as the released SimCSE
+    models are [official simcse_to_huggingface.py]. sentence-transformers gives the test vector
+    `pooler`: the raw [CLS] (CLS pooling); `cls` (supervised SimCSE): then the MLP (Dense)."""
     folder = Path(folder)
     cfg = model.cfg
     mlm = model.mlm is not None
@@ -1193,6 +1225,11 @@ def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
                                                 BPE_SPECIALS if bpe else SPECIAL_TOKENS)}
     strip = None if tokenizer.strip_accents == tokenizer.lower else tokenizer.strip_accents
     st = "sentence_transformers.models."
+    modules = [{"idx": 0, "name": "0", "path": "", "type": st + "Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": st + "Pooling"}]
+    if pooler == "cls":  # the MLP after the CLS pooling, as sentence-transformers' Dense module
+        write_dense(model.pooler.dense, folder / "2_Dense", dtype)
+        modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": st + "Dense"})
     tokenizer_config = {"tokenizer_class": "RobertaTokenizer", "add_prefix_space": False,
                         "bos_token": "<s>", "eos_token": "</s>"} if bpe else {
         "tokenizer_class": "BertTokenizer", "do_lower_case": tokenizer.lower,
@@ -1204,8 +1241,7 @@ def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
                         "torch_dtype": str(dtype).removeprefix("torch.")},
         "tokenizer_config.json": tokenizer_config | specials | {"model_max_length": cfg.max_tokens},
         "special_tokens_map.json": specials,
-        "modules.json": [{"idx": 0, "name": "0", "path": "", "type": st + "Transformer"},
-                         {"idx": 1, "name": "1", "path": "1_Pooling", "type": st + "Pooling"}],
+        "modules.json": modules,
         "sentence_bert_config.json": {"max_seq_length": cfg.max_tokens, "do_lower_case": False},
         "1_Pooling/config.json": {"word_embedding_dimension": cfg.hidden_size, **{
             f"pooling_mode_{m}": m == "cls_token"
@@ -1224,6 +1260,19 @@ def save_pretrained(model, folder, tokenizer, dtype=torch.float32):
         raise CheckpointError("the vocabulary has a token with a line break: it cannot be saved")
     with atomic_write(folder / "vocab.txt") as f:
         f.write("".join(token + "\n" for token in lines))
+
+
+def write_dense(linear, folder, dtype):
+    """nn.Linear + tanh as sentence-transformers' Dense saves itself: config.json (the activation by
+    its fullname()), the weights as linear.weight and linear.bias [UKPLab/sentence-transformers
+    models/Dense.py @13b4da2, save()]; in model.safetensors, as 6.2.0 writes and reads them
+    (tests/fixtures/pooler_ref.json "dense_format", from make_pooler_fixtures.py)."""
+    folder.mkdir(exist_ok=True)
+    write_json(folder / "config.json", {
+        "in_features": linear.in_features, "out_features": linear.out_features, "bias": True,
+        "activation_function": "torch.nn.modules.activation.Tanh"})
+    write_safetensors(folder / "model.safetensors", {"linear.weight": linear.weight.to(dtype),
+                                                     "linear.bias": linear.bias.to(dtype)})
 
 
 # --- Resolving and downloading models and data ----------------------------------------------------
@@ -1677,7 +1726,8 @@ PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 SHARED_CHECKS = {  # flag -> its interval ('[' includes the bound, '(' excludes it)
     "seed": "[0, 4294967296)", "batch_size": "[2, inf)", "max_len": "[3, inf)", "lr": "(0, 1)",
     "epochs": "[1, inf)", "max_steps": "[0, inf)", "temp": "(0, inf)", "eval_every": "[1, inf)",
-    "dropout": "[0, 1)", "save_every": "[0, inf)", "chunk_size": "[0, inf)"}  # and Config.checks
+    "dropout": "[0, 1)", "save_every": "[0, inf)", "chunk_size": "[0, inf)",
+    "mlm_weight": "[0, inf)"}  # and Config.checks
 WHY = {"seed": " (numpy's seed range)", "batch_size": " (a batch of one has no negatives)",
        "max_len": " ([CLS], one token, [SEP])", "max_steps": " (0: all epochs)",
        "save_every": " (0: only at the end and on a signal)", "chunk_size": " (0: the whole batch)"}

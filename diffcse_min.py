@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from common import (DevSet, LossWatch, Run, all_gather, epoch_batches, evaluate_dev, evaluate_sts,
                     keep_best, main_guard, make_optimizer, optimizer_step, parse_args,
                     save_pretrained, shard, total_steps, upcast)
-from common import UserError, gradient_cache  # DiffCSE
+from common import UserError, gradient_cache, mask_tokens  # DiffCSE
 
 
 # ---- Config
@@ -62,19 +62,6 @@ def make_views(ids, mask):
     """[B, 1, L] -> [2*B, L], view-major: the sentence twice [SimCSE §3]."""
     ids, mask = ids.expand(-1, 2, -1), mask.expand(-1, 2, -1)  # [B, 2, L]
     return ids.transpose(0, 1).flatten(0, 1), mask.transpose(0, 1).flatten(0, 1)  # [V*B, L]
-
-
-def mask_tokens(ids, mask, ratio, mask_id, vocab_size, special_ids, gen):
-    """BERT's masking, per row: `ratio` of the real tokens but `special_ids` chosen, 80% of them
-    -> [MASK], 10% random, 10% kept [official: HF's MLM collator] -> (masked [N, L], chosen)."""
-    def draw(p):
-        return torch.rand(ids.shape, generator=gen, device=ids.device) < p
-    maskable = mask.bool() & ~torch.stack([ids == s for s in special_ids]).any(0)  # no host copy
-    chosen = draw(ratio) & maskable
-    to_mask = chosen & draw(0.8)
-    to_random = chosen & ~to_mask & draw(0.5)  # half of the remaining 20%
-    random_ids = torch.randint(vocab_size, ids.shape, generator=gen, device=ids.device)  # [HF]
-    return torch.where(to_random, random_ids, torch.where(to_mask, mask_id, ids)), chosen
 
 
 @torch.no_grad()
@@ -183,7 +170,7 @@ def train_step(model, head, ids, mask, cfg, disc, generator, tok, gen):
 
 def train(cfg):
     run = Run(cfg, __file__, models=("model", "generator"))  # DiffCSE: the generator checked too
-    tok, model = run.load_model()  # Tokenizer and Bert.from_pretrained(cfg.model), on the CPU
+    tok, model = run.load_model()  # DiffCSE: without --do_mlm; Tokenizer and Bert (the CPU)
     data = run.load_data(tok, one_column=True)  # DiffCSE: unsupervised only
     dev_set = DevSet(tok, run.dev_pairs, model.cfg.max_tokens)  # picks the best step [SimCSE]
     model = model.to(run.device)
@@ -197,8 +184,8 @@ def train(cfg):
     opt, sched = make_optimizer(params, cfg.lr, total, run.device)
     best, stopped = dict(dev=-math.inf, step=0, state=None), ""  # the best dev score, step, state
     # what each checkpoint holds (out_dir/checkpoint.pt), and --resume restores:
-    checkpointed = dict(model=model, opt=opt, sched=sched, amp=run.amp, best=best)
-    checkpointed.update(disc=disc, gen=gen)  # DiffCSE
+    checkpointed = dict(model=model, opt=opt, sched=sched, amp=run.amp, best=best, gen=gen)
+    checkpointed.update(disc=disc)  # DiffCSE
     run.compile(model)
     start, stats = run.start(checkpointed, total)  # 0, or the resumed step, as it was then
     ddp_model = run.ddp(model).train()  # torchrun: gradients averaged (the head's too)
@@ -231,7 +218,7 @@ def train(cfg):
         model.load_state_dict(best["state"])
     test = {} if cfg.test == "none" else evaluate_sts(  # the test vector, as at dev
         model, tok, run.senteval, "test", run.pooler, progress=run.progress("STS test"))
-    save_pretrained(model, run.out, tok)  # as the released models are [official]
+    save_pretrained(model, run.out, tok, run.pooler)  # as the released models are [official]
     return run.finish(test, best, stopped)  # the log, results.json; stopped: exit 3
 
 

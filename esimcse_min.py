@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from common import (DevSet, LossWatch, Run, all_gather, epoch_batches, evaluate_dev, evaluate_sts,
                     keep_best, main_guard, make_optimizer, optimizer_step, parse_args,
                     save_pretrained, shard, total_steps, upcast)
+from common import mlm_loss  # --do_mlm
 from common import check_positions, pad_ids  # ESimCSE
 
 
@@ -53,6 +54,8 @@ class Config:
     resume: str = ""  # continue the run saved in this out_dir, with its configuration
     overwrite: bool = False  # replace the run an existing out_dir holds (else it is refused)
     compile: bool = False  # torch.compile the encoder (CUDA graphs on CUDA; slow first steps)
+    do_mlm: bool = False  # add BERT's masked-LM loss, its MLM head from --model [official train.py]
+    mlm_weight: float = 0.1  # λ: loss + λ·MLM loss (--do_mlm) [official train.py]
     dup_rate: float = 0.32  # most sub-words repeated, share of the length; 0: none [paper Table 9]
     queue_size: int = 160  # M, queued negatives, 2.5·B; 0: no queue, no momentum [paper Table 10]
     momentum: float = 0.995  # μ of the momentum encoder's EMA [paper §4.2]
@@ -130,16 +133,21 @@ def loss_fn(h, queue, temp):
 
 # ---- Training step
 
-def train_step(model, head, ids, mask, cfg, momentum, queue, rng):
-    """One pass over both views stacked; the momentum vectors then join the queue [official]."""
+def train_step(model, head, ids, mask, cfg, momentum, queue, rng, tok=None, gen=None):
+    """One pass over both views stacked; the momentum vectors then join the queue [official].
+    --do_mlm: a second pass, over the views 15% masked, adds the masked-LM loss [official]."""
     B, device = ids.size(0), next(model.parameters()).device  # ids, mask [B, C, L] on the CPU
-    views = [shard(v, 2).to(device) for v in make_views(ids, mask, cfg.dup_rate, rng, cfg.compile)]
+    views = make_views(ids, mask, cfg.dup_rate, rng, cfg.compile)  # [2B, L'] each, whole batch
     ids, mask = shard(ids).to(device), shard(mask).to(device)  # [b, C, L]: this process's rows
-    cls = model(*views, cls_only=True, chunk_size=cfg.chunk_size)  # [V*b, H]
+    cls = model(*(shard(v, 2).to(device) for v in views), True, cfg.chunk_size)  # [V*b, H]
     h = all_gather(head(cls), views=len(cls) // len(ids)).view(-1, B, cls.size(-1))  # [V, B, H]
     queued = torch.stack([*queue]) if queue else h.new_zeros(0, h.size(-1))  # [M, H]
     with torch.autocast(h.device.type, enabled=False):  # the loss math in fp32 at least [DESIGN]
         loss, stats = loss_fn(upcast(h), upcast(queued), cfg.temp)
+    if cfg.do_mlm:  # loss + λ·MLM loss, on every view [official cl_forward: mlm_weight]
+        mlm = mlm_loss(model, *views, tok, gen, len(views[0]) // B, cfg.chunk_size)
+        loss = loss + cfg.mlm_weight * mlm
+        stats = {**stats, "loss": loss.detach(), "mlm": mlm.detach()}
     if momentum is not None:  # the sentences, through the online head, detached [official code]
         q = head(momentum(ids[:, 0], mask[:, 0], True, cfg.chunk_size)).detach()  # [b, H]
         queue.extend(upcast(all_gather(q)).unbind())  # B rows, every process
@@ -150,7 +158,7 @@ def train_step(model, head, ids, mask, cfg, momentum, queue, rng):
 
 def train(cfg):
     run = Run(cfg, __file__)  # operations (common.py Part 2): checks, log, checkpoints, signals
-    tok, model = run.load_model()  # Tokenizer and Bert.from_pretrained(cfg.model), on the CPU
+    tok, model = run.load_model(mlm_head=cfg.do_mlm)  # Tokenizer and Bert (the CPU)
     check_positions(model, cfg.max_len, extra=9)  # ESimCSE: the repeated view's 9 more tokens
     data = run.load_data(tok, one_column=True)  # ESimCSE: unsupervised only
     dev_set = DevSet(tok, run.dev_pairs, model.cfg.max_tokens)  # picks the best step [SimCSE]
@@ -160,10 +168,11 @@ def train(cfg):
     total = total_steps(len(data), cfg)
     params = [*model.parameters()]  # the head too: it is the model's pooler
     opt, sched = make_optimizer(params, cfg.lr, total, run.device)
+    gen = torch.Generator(run.device).manual_seed(cfg.seed) if cfg.do_mlm else None  # masking
     best, stopped = dict(dev=-math.inf, step=0, state=None), ""  # the best dev score, step, state
     rng, queue = random.Random(cfg.seed), collections.deque(maxlen=cfg.queue_size)  # ESimCSE
     # what each checkpoint holds (out_dir/checkpoint.pt), and --resume restores:
-    checkpointed = dict(model=model, opt=opt, sched=sched, amp=run.amp, best=best)
+    checkpointed = dict(model=model, opt=opt, sched=sched, amp=run.amp, best=best, gen=gen)
     checkpointed.update(momentum=momentum, queue=queue, rng=rng)  # ESimCSE
     run.compile(model)
     start, stats = run.start(checkpointed, total)  # 0, or the resumed step, as it was then
@@ -187,7 +196,8 @@ def train(cfg):
         if step % (len(data) // cfg.batch_size) == 0:  # ESimCSE: empty each epoch [official code]
             queue.clear()
         with run.amp.autocast():  # bf16 or fp16 autocast, or none (fp32)
-            loss, stats = train_step(ddp_model, head, *next(batches), cfg, momentum, queue, rng)
+            loss, stats = train_step(ddp_model, head, *next(batches), cfg, momentum, queue, rng,
+                                     tok, gen)
         watch.note(loss, step + 1)  # on the device, read above: no host sync per step
         optimizer_step(loss, opt, sched, run.amp)
         if momentum is not None:  # ESimCSE: θ_m <- μ·θ_m + (1 - μ)·θ, after the step
@@ -199,7 +209,7 @@ def train(cfg):
         model.load_state_dict(best["state"])
     test = {} if cfg.test == "none" else evaluate_sts(  # the test vector, as at dev
         model, tok, run.senteval, "test", run.pooler, progress=run.progress("STS test"))
-    save_pretrained(model, run.out, tok)  # as the released models are [official]
+    save_pretrained(model, run.out, tok, run.pooler)  # as the released models are [official]
     return run.finish(test, best, stopped)  # the log, results.json; stopped: exit 3
 
 

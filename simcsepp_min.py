@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from common import (DevSet, LossWatch, Run, all_gather, epoch_batches, evaluate_dev, evaluate_sts,
                     keep_best, main_guard, make_optimizer, optimizer_step, parse_args,
                     save_pretrained, shard, total_steps, upcast)
+from common import mlm_loss  # --do_mlm
 
 
 # ---- Config
@@ -52,6 +53,8 @@ class Config:
     resume: str = ""  # continue the run saved in this out_dir, with its configuration
     overwrite: bool = False  # replace the run an existing out_dir holds (else it is refused)
     compile: bool = False  # torch.compile the encoder (CUDA graphs on CUDA; slow first steps)
+    do_mlm: bool = False  # add BERT's masked-LM loss, its MLM head from --model [official train.py]
+    mlm_weight: float = 0.1  # λ: loss + λ·MLM loss (--do_mlm) [official train.py]
     m: float = 0.9  # scales the positive logit [paper Table 5; official pos_ratio]
     lambda_dcl: float = 0.1  # λ_DCL, the weight of DCL; 0: off [paper §5.1; official sw_weight]
     temp_dcl: float = 5.0  # τ_DCL, the temperature of DCL [paper §5.1, Table 5; official sw_temp]
@@ -137,10 +140,12 @@ def loss_fn(h, temp, m, lambda_dcl, temp_dcl):
 
 # ---- Training step
 
-def train_step(model, head, ids, mask, cfg):
+def train_step(model, head, ids, mask, cfg, tok=None, gen=None):
     """One forward pass over both views stacked, then a pass with every dropout off, with gradient
-    [official code]; the head maps all 3*B rows."""
+    [official code]; the head maps all 3*B rows.
+    --do_mlm: a second pass, over the views 15% masked, adds the masked-LM loss [official]."""
     B, device = ids.size(0), next(model.parameters()).device  # ids, mask [B, C, L] on the CPU
+    views = make_views(ids, mask)  # [V*B, L] each, the whole batch: --do_mlm masks them
     ids, mask = shard(ids).to(device), shard(mask).to(device)  # [b, C, L]: this process's rows
     cls = model(*make_views(ids, mask), cls_only=True, chunk_size=cfg.chunk_size)  # [V*b, H]
     if cfg.off_dropout:
@@ -149,6 +154,10 @@ def train_step(model, head, ids, mask, cfg):
     h = all_gather(head(cls), views=len(cls) // len(ids)).view(-1, B, cls.size(-1))  # [V, B, H]
     with torch.autocast(h.device.type, enabled=False):  # the loss math in fp32 at least [DESIGN]
         loss, stats = loss_fn(upcast(h), cfg.temp, cfg.m, cfg.lambda_dcl, cfg.temp_dcl)
+    if cfg.do_mlm:  # loss + λ·MLM loss, on every view [official cl_forward: mlm_weight]
+        mlm = mlm_loss(model, *views, tok, gen, len(views[0]) // B, cfg.chunk_size)
+        loss = loss + cfg.mlm_weight * mlm
+        stats = {**stats, "loss": loss.detach(), "mlm": mlm.detach()}
     return loss, stats
 
 
@@ -156,7 +165,7 @@ def train_step(model, head, ids, mask, cfg):
 
 def train(cfg):
     run = Run(cfg, __file__)  # operations (common.py Part 2): checks, log, checkpoints, signals
-    tok, model = run.load_model()  # Tokenizer and Bert.from_pretrained(cfg.model), on the CPU
+    tok, model = run.load_model(mlm_head=cfg.do_mlm)  # Tokenizer and Bert (the CPU)
     data = run.load_data(tok, one_column=True)  # SimCSE++: unsupervised only
     dev_set = DevSet(tok, run.dev_pairs, model.cfg.max_tokens)  # picks the best step [SimCSE]
     model = model.to(run.device)
@@ -164,9 +173,10 @@ def train(cfg):
     total = total_steps(len(data), cfg)
     params = [*model.parameters()]  # the head too: it is the model's pooler
     opt, sched = make_optimizer(params, cfg.lr, total, run.device)
+    gen = torch.Generator(run.device).manual_seed(cfg.seed) if cfg.do_mlm else None  # masking
     best, stopped = dict(dev=-math.inf, step=0, state=None), ""  # the best dev score, step, state
     # what each checkpoint holds (out_dir/checkpoint.pt), and --resume restores:
-    checkpointed = dict(model=model, opt=opt, sched=sched, amp=run.amp, best=best)
+    checkpointed = dict(model=model, opt=opt, sched=sched, amp=run.amp, best=best, gen=gen)
     run.compile(model)
     start, stats = run.start(checkpointed, total)  # 0, or the resumed step, as it was then
     ddp_model = run.ddp(model).train()  # torchrun: gradients averaged (the head's too)
@@ -187,7 +197,7 @@ def train(cfg):
         if step == total:
             break
         with run.amp.autocast():  # bf16 or fp16 autocast, or none (fp32)
-            loss, stats = train_step(ddp_model, head, *next(batches), cfg)
+            loss, stats = train_step(ddp_model, head, *next(batches), cfg, tok, gen)
         watch.note(loss, step + 1)  # on the device, read above: no host sync per step
         optimizer_step(loss, opt, sched, run.amp)
         run.log_progress(step + 1, stats)
@@ -197,7 +207,7 @@ def train(cfg):
         model.load_state_dict(best["state"])
     test = {} if cfg.test == "none" else evaluate_sts(  # the test vector, as at dev
         model, tok, run.senteval, "test", run.pooler, progress=run.progress("STS test"))
-    save_pretrained(model, run.out, tok)  # as the released models are [official]
+    save_pretrained(model, run.out, tok, run.pooler)  # as the released models are [official]
     return run.finish(test, best, stopped)  # the log, results.json; stopped: exit 3
 
 

@@ -17,7 +17,7 @@ import common
 from common import Bert, BertConfig
 from tiny_world import sentence, tokenizer
 
-METHODS = ["simcse", "esimcse", "simcsepp", "diffcse"]
+METHODS = ["simcse", "esimcse", "simcsepp", "diffcse", "simcse-mlm"]  # the last: --do_mlm
 # global batch; a large learning rate so a wrong gradient shows in the parameters
 B, STEPS, LR = 8, 2, 1e-3
 # chunked = unchunked to 1e-12 [issue 44], but where the gradient is 0 in exact arithmetic: its
@@ -104,11 +104,12 @@ def run_method(method, chunk_size=0, batch=B, steps=STEPS, masks=None):
     The gradients are taken before clipping: AdamW's first steps and clipping are blind to a
     gradient's scale (a missing factor N in the gather would still move each parameter by about
     ±lr), the gradients are not."""
-    m, tok, device = importlib.import_module(f"{method}_min"), tokenizer(), torch.device("cpu")
+    name, _, variant = method.partition("-")  # simcse-mlm: supervised SimCSE with --do_mlm
+    m, tok, device = importlib.import_module(f"{name}_min"), tokenizer(), torch.device("cpu")
     # the same initial weights in every process (DDP would broadcast rank 0's anyway)
     torch.manual_seed(0)
     dropout = 0.1 if masks else 0.0
-    model = no_dropout_bert(tok, dropout=dropout, pooler=True)  # as every real checkpoint
+    model = no_dropout_bert(tok, variant == "mlm", dropout, pooler=True)  # as real checkpoints
     extra = {}
     if method == "diffcse":
         head = m.BNProjector(model.cfg.hidden_size).double()
@@ -119,7 +120,9 @@ def run_method(method, chunk_size=0, batch=B, steps=STEPS, masks=None):
         extra = dict(disc=disc, generator=generator, tok=tok, gen=torch.Generator().manual_seed(0))
     else:
         head = m.MLPHead(model.cfg.hidden_size).double()
-        cfg = m.Config(dropout=dropout, chunk_size=chunk_size)
+        cfg = m.Config(dropout=dropout, chunk_size=chunk_size, do_mlm=variant == "mlm",
+                       mlm_weight=0.5)
+        extra = dict(tok=tok, gen=torch.Generator().manual_seed(0)) if variant else {}
     model.pooler = head  # as train(): the head is the model's pooler, in the model's DDP
     if method == "esimcse":
         cfg = m.Config(dropout=dropout, queue_size=12, momentum=0.9, chunk_size=chunk_size)
@@ -140,7 +143,7 @@ def run_method(method, chunk_size=0, batch=B, steps=STEPS, masks=None):
     if masks:
         masks.patch(**trained, **{k: v for k, v in extra.items() if k == "generator"})
         torch.manual_seed(1 + common.world()[0])  # each process its own masks, as Run seeds them
-    for ids, mask in batches(tok, 3 if method == "simcse" else 1, batch, steps):
+    for ids, mask in batches(tok, 3 if name == "simcse" else 1, batch, steps):
         loss, _ = m.train_step(wrapped["model"], head, ids, mask, cfg, **args)
         # common.optimizer_step, with the gradients recorded between backward and clipping
         loss.backward()

@@ -61,7 +61,7 @@ def test_esimcse_queue_is_bounded_emptied_each_epoch_and_momentum_moves_after_ea
                                                                                       monkeypatch):
     """48 rows, batch 8: 6 steps an epoch; queue_size 16 holds two batches at most and starts empty
     each epoch [official code]; the momentum encoder differs from one step to the next."""
-    def record(model, head, ids, mask, cfg, momentum, queue, rng):
+    def record(model, head, ids, mask, cfg, momentum, queue, rng, tok=None, gen=None):
         return len(queue), queue.maxlen, [p.detach().clone() for p in momentum.parameters()]
     seen = run_recording(esimcse_min, tmp_path, monkeypatch, record, queue_size=16, epochs=2,
                          lr=1e-3)

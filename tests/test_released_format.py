@@ -70,6 +70,27 @@ def test_a_saved_run_reads_in_transformers_and_sentence_transformers_as_ours(tmp
         torch.testing.assert_close(ours[mine], torch.tensor(ref[theirs]), atol=1e-5, rtol=0)
 
 
+def test_a_supervised_folder_gives_the_mlp_vector_in_sentence_transformers(tmp_path):
+    """A supervised run's test vector (cls): sentence-transformers' encode is our cls to 1e-5 (CLS
+    pooling, then a 2_Dense module, tanh(dense)), written as the installed library writes one."""
+    tok, model = seeded_run_folder(tmp_path, pooler="cls")
+    ref, fmt = REF["saved_supervised"], REF["dense_format"]
+    ours = common.encode_sentences(common.Bert.from_pretrained(tmp_path), tok, ref["sentences"],
+                                   "cls")
+    torch.testing.assert_close(ours, torch.tensor(ref["sentence_transformers"]), atol=1e-5, rtol=0)
+    config = json.loads((tmp_path / "2_Dense" / "config.json").read_text())
+    H = model.cfg.hidden_size
+    assert config == {k: fmt["config"][k] for k in config} | {"in_features": H, "out_features": H}
+    assert sorted(p.name for p in (tmp_path / "2_Dense").iterdir()) == fmt["files"]
+    dense = common.read_safetensors(tmp_path / "2_Dense" / "model.safetensors")
+    assert sorted(dense) == fmt["keys"] and torch.equal(dense["linear.weight"],
+                                                        model.pooler.dense.weight.detach())
+    entry = json.loads((tmp_path / "modules.json").read_text())[-1]
+    assert {k: entry[k] for k in ("idx", "name", "path")} == {k: fmt["modules_entry"][k] for k in
+                                                              ("idx", "name", "path")}
+    assert entry["type"].split(".")[-1] == fmt["modules_entry"]["type"].split(".")[-1] == "Dense"
+
+
 def run_simcse(tmp_path, monkeypatch, data=None, **kw):
     """A 3-step tiny-world run; evaluate_dev and evaluate_sts record the pooler they are given."""
     world = {k: v for k, v in make_world(tmp_path).items() if k != "generator"}
@@ -98,7 +119,9 @@ def test_supervised_simcse_uses_its_mlp_at_dev_and_test_and_saves_it_as_the_pool
     (tmp_path / "nli.csv").write_text("sent0,sent1,hard_neg\n" + "\n".join(rows) + "\n")
     out, seen = run_simcse(tmp_path, monkeypatch, data=str(tmp_path / "nli.csv"))
     assert set(seen) == {("dev", "cls"), ("test", "cls")}
-    assert "pooler.dense.weight" in common.read_safetensors(out / "model.safetensors")
+    saved = common.read_safetensors(out / "model.safetensors")
+    assert torch.equal(common.read_safetensors(out / "2_Dense" / "model.safetensors")[
+        "linear.weight"], saved["pooler.dense.weight"])  # sentence-transformers: the MLP too
 
 
 def test_unsupervised_simcse_tests_the_raw_cls_and_saves_its_mlp_as_the_pooler(tmp_path,
@@ -106,6 +129,8 @@ def test_unsupervised_simcse_tests_the_raw_cls_and_saves_its_mlp_as_the_pooler(t
     out, seen = run_simcse(tmp_path, monkeypatch)
     assert set(seen) == {("dev", "cls_before_pooler"), ("test", "cls_before_pooler")}
     assert "pooler.dense.weight" in common.read_safetensors(out / "model.safetensors")
+    assert not (out / "2_Dense").exists()  # sentence-transformers: the raw [CLS]
+    assert len(json.loads((out / "modules.json").read_text())) == 2
 
 
 def test_diffcse_saves_no_bert_pooler_as_its_released_models(tmp_path):

@@ -90,3 +90,18 @@ def test_each_method_trains_on_a_tiny_roberta(method, tmp_path):
     assert all(map(math.isfinite, losses)) and np.mean(losses[-3:]) < np.mean(losses[:3]), losses
     assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "roberta"
     assert isinstance(common.Tokenizer.from_pretrained(tmp_path / "out"), common.BPETokenizer)
+
+
+@pytest.mark.parametrize("method", ["simcse", "esimcse", "simcsepp"])
+def test_do_mlm_trains_a_tiny_roberta_with_its_lm_head(method, tmp_path):
+    """--do_mlm on RoBERTa: its LM head (lm_head.*) from the checkpoint, as the official
+    RobertaForCL loads it; the masked-LM loss falls and the saved folder keeps the head."""
+    module = importlib.import_module(f"{method}_min")
+    world = roberta_world(tmp_path)
+    out = tmp_path / "out"
+    results = module.train(module.Config(
+        model=world["generator"], data=world["data"], senteval=world["senteval"], device="cpu",
+        batch_size=16, max_steps=12, eval_every=4, lr=1e-3, do_mlm=True, out_dir=str(out)))
+    mlm = [s["mlm"] for _, s in results["stats_history"][1:]]
+    assert all(map(math.isfinite, mlm)) and mlm[-1] < mlm[0], mlm
+    assert "lm_head.dense.weight" in common.read_safetensors(out / "model.safetensors")

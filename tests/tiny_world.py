@@ -82,17 +82,17 @@ def make_world(tmp, pooler=False):
                 senteval=str(make_senteval(tmp / "senteval")))
 
 
-def seeded_run_folder(folder, seed=0):
+def seeded_run_folder(folder, seed=0, pooler="cls_before_pooler"):
     """What a run saves, with weights that are the same on every torch: a tiny BERT whose pooler is
     an MLP head, every parameter N(0, 0.3) from numpy's seeded generator, saved by
-    save_pretrained."""
+    save_pretrained (pooler: the test vector; cls, supervised SimCSE's, adds the Dense module)."""
     tok = tokenizer()
     model = common.Bert(common.BertConfig.tiny(vocab_size=len(tok.vocab)), pooler=True)
     rng = np.random.RandomState(seed)
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.from_numpy(rng.normal(0, 0.3, tuple(p.shape))))
-    common.save_pretrained(model, folder, tok)
+    common.save_pretrained(model, folder, tok, pooler)
     return tok, model
 
 

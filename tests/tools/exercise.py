@@ -35,7 +35,7 @@ from mutants import MUTANTS  # noqa: E402
 
 Exercise = collections.namedtuple("Exercise", "name file functions equation read tests mutants")
 S, E, P, D, C = "simcse_min.py", "esimcse_min.py", "simcsepp_min.py", "diffcse_min.py", "common.py"
-MASKING = D  # DiffCSE's masking; where a shared mask_tokens lives, this one entry moves
+MASKING = C  # the shared mask_tokens in Part 1 (DiffCSE and --do_mlm)
 
 EXERCISES = [  # reading order: simcse_min.py, the three diffs, then common.py's Part 1
     Exercise("info-nce", S, ["info_nce"], "SimCSE Eq. 1 (unsupervised InfoNCE)",
