@@ -566,7 +566,7 @@ class MixedPrecision:
 
 
 def upcast(x):
-    """x in float32 at least (float64 stays float64): the loss math never runs in bf16 [DESIGN]."""
+    """x in float32 at least (float64 stays float64): the loss math never runs in bf16 [G-prec]."""
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
@@ -2107,11 +2107,16 @@ def catch_signals(run):
         run.signal = run.signal or signum
         later = "" if run.signals == 1 else "; no checkpoint yet: one first (again to stop now)"
         what = "stopping after this step with a checkpoint" + (later or " (again to stop now)")
-        if getattr(run.evaluating, "what", "") == "STS test":  # the loop is over: nothing to stop
+        testing = getattr(run.evaluating, "what", "") == "STS test"
+        if testing:  # the loop is over: nothing to stop
             left = seconds_left(run, run.total, 0) - (time.time() - run.evaluating.start)
             what = f"finishing the test table, about {max(left, 1):.0f} s; again to stop now, " \
                 "--resume then redoes it"
-        print(f"\n{signal.Signals(signum).name}: {what}", file=sys.stderr, flush=True)
+        line = f"{signal.Signals(signum).name}: {what}"
+        print("\n" + line, file=sys.stderr, flush=True)
+        if testing and run.log_file:  # in the steps, exit_on_signal logs it [issue 55]
+            run.log_file.write(line + "\n")
+            run.log_file.flush()
     run.signals = 0
     run.saving, run.evaluating = False, None
     with contextlib.suppress(ValueError):  # handlers can only be set in the main thread
@@ -2265,9 +2270,12 @@ class Run:
         precision, why = choose_precision(cfg.precision, self.device)
         self.amp = MixedPrecision(precision, self.device)
         self.log(f"precision {precision}: {why}")
-        with rank0_first("the SentEval data"):  # rank 0 downloads, the others read what it wrote
-            self.senteval = resolve_senteval(cfg.senteval)
-        load_sts(self.senteval, "test")  # parsed now: a malformed test file fails before training
+        self.senteval = None  # --dev_file and --test none read no SentEval file: none needed
+        if cfg.test != "none" or not cfg.dev_file:
+            with rank0_first("the SentEval data"):  # rank 0 downloads, the others read it then
+                self.senteval = resolve_senteval(cfg.senteval)
+        if cfg.test != "none":  # parsed now: a malformed test file fails before training
+            load_sts(self.senteval, "test")
         self.dev_name = cfg.dev_file or "STS-B dev"  # the pairs that pick the best step
         self.dev_pairs = read_sts_pairs(cfg.dev_file, "--dev_file") if cfg.dev_file else \
             load_sts(self.senteval, "dev")["STSBenchmark"]["dev"]
@@ -3030,13 +3038,32 @@ class OneLineErrors(argparse.ArgumentParser):
                 difflib.get_close_matches(wanted, known, n=1)  # a prefix's flags, else the nearest
             message = f"unknown flag {unknown[1]}" + (f"; did you mean {' or '.join(near)}?"
                                                       if near else "")
+            owner = owner_of(wanted, getattr(self, "fields", None))  # [issue 55]
+            if owner:
+                message = f"unknown flag {wanted}; {owner}"
         print(f"error: {message} (see --help)", file=sys.stderr)
         sys.exit(2)
 
 
+METHODS = {"simcse": "SimCSE", "esimcse": "ESimCSE", "simcsepp": "SimCSE++", "diffcse": "DiffCSE"}
+
+
+def owner_of(flag, fields):
+    """"--dup_rate is ESimCSE's: esimcse_min.py" for a flag of another method's Config, on a
+    method's parser (fields: its Config's), else ""."""
+    name = flag.removeprefix("--").removeprefix("no_")
+    if fields is None or name in fields:  # common.py's commands; or --no_ of a flag not a switch
+        return ""
+    for method, title in METHODS.items():
+        source = Path(__file__).with_name(f"{method}_min.py").read_text(encoding="utf-8")
+        if re.search(rf"^    {re.escape(name)}: \w+ = ", source, re.M):  # a Config field
+            return f"{flag} is {title}'s: {method}_min.py"
+    return ""
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Defaults shown where they say something (an empty one is explained by its help), switches
-    shown bare (`--compile`, not `--compile [COMPILE]`)."""
+    shown bare with their --no_ form (`--compile, --no_compile`, not `--compile [COMPILE]`)."""
 
     def _get_help_string(self, action):
         if action.const is True:  # a switch
@@ -3048,8 +3075,10 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return "" if action.const is True else super()._format_args(action, default_metavar)
 
     def _format_action_invocation(self, action):
-        return ", ".join(action.option_strings) if action.const is True else \
-            super()._format_action_invocation(action)
+        if action.const is True:  # a switch, and its --no_ form
+            flag = action.option_strings[0]
+            return f"{flag}, {flag.replace('--', '--no_')}"
+        return super()._format_action_invocation(action)
 
 
 FLAG_GROUPS = {"data and model": ("data", "model", "senteval", "dev_file", "generator"),
@@ -3063,11 +3092,12 @@ ANALYSIS_FILES = ("analysis.json", "align_uniform.svg", "singular_values.svg",
 
 
 def parse_args(config_cls, argv=None):
-    """Dataclass fields -> `--name value` flags in FLAG_GROUPS (booleans also bare), --help from
-    their comments."""
+    """Dataclass fields -> `--name value` flags in FLAG_GROUPS (booleans: `--name`, `--no_name`),
+    --help from their comments."""
     helps = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.+)$", inspect.getsource(config_cls), re.M))
     doc = " ".join((sys.modules[config_cls.__module__].__doc__ or "").split("\n\n")[0].split())
     parser = OneLineErrors(description=doc)
+    parser.fields = [f.name for f in dataclasses.fields(config_cls)]  # another's: owner_of
     groups = {name: parser.add_argument_group(name) for name in FLAG_GROUPS}
     kinds = {"bool": parse_bool, "int": int, "float": float}
     for f in dataclasses.fields(config_cls):
@@ -3076,6 +3106,9 @@ def parse_args(config_cls, argv=None):
         group = next((g for g, names in FLAG_GROUPS.items() if f.name in names), "method")
         groups[group].add_argument(f"--{f.name}", type=kind or str, default=f.default,
                                    help=helps.get(f.name, " "), **switch)
+        if switch:  # and `--no_compile` (argparse's BooleanOptionalAction; --help shows it)
+            groups[group].add_argument(f"--no_{f.name}", dest=f.name, action="store_false",
+                                       default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return config_cls(**vars(parser.parse_args(argv)))
 
 

@@ -172,7 +172,7 @@ def train_step(model, head, ids, mask, cfg, disc, generator, tok, gen):
     corrupted, labels = corrupt(generator, masked, ids, mask, tok)  # [2b, L]
     logits = disc(corrupted, mask, shard(h, views=2), cfg.chunk_size)  # [2b, L, 2], h's gradient
     logits, labels, mask = (all_gather(t, views=2) for t in (logits, labels, mask))  # [2B, L(, 2)]
-    with torch.autocast(h.device.type, enabled=False):  # the loss math in fp32 at least [DESIGN]
+    with torch.autocast(h.device.type, enabled=False):  # the loss math in fp32 at least [G-prec]
         h, logits = upcast(h.view(2, B, -1)), upcast(logits)  # [2, B, H], [2B, L, 2]
         loss, stats = loss_fn(h, logits, labels, mask, cfg.temp, cfg.lambda_rtd)
     return loss, stats

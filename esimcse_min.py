@@ -138,7 +138,7 @@ def train_step(model, head, ids, mask, cfg, momentum, queue, rng):
     cls = model(*views, cls_only=True, chunk_size=cfg.chunk_size)  # [V*b, H]
     h = all_gather(head(cls), views=len(cls) // len(ids)).view(-1, B, cls.size(-1))  # [V, B, H]
     queued = torch.stack([*queue]) if queue else h.new_zeros(0, h.size(-1))  # [M, H]
-    with torch.autocast(h.device.type, enabled=False):  # the loss math in fp32 at least [DESIGN]
+    with torch.autocast(h.device.type, enabled=False):  # the loss math in fp32 at least [G-prec]
         loss, stats = loss_fn(upcast(h), upcast(queued), cfg.temp)
     if momentum is not None:  # the sentences, through the online head, detached [official code]
         q = head(momentum(ids[:, 0], mask[:, 0], True, cfg.chunk_size)).detach()  # [b, H]

@@ -107,7 +107,7 @@ def train_step(model, head, ids, mask, cfg):
     ids, mask = shard(ids).to(device), shard(mask).to(device)  # [b, C, L]: this process's rows
     cls = model(*make_views(ids, mask), cls_only=True, chunk_size=cfg.chunk_size)  # [V*b, H]
     h = all_gather(head(cls), views=len(cls) // len(ids)).view(-1, B, cls.size(-1))  # [V, B, H]
-    with torch.autocast(h.device.type, enabled=False):  # the loss math in fp32 at least [DESIGN]
+    with torch.autocast(h.device.type, enabled=False):  # the loss math in fp32 at least [G-prec]
         loss, stats = loss_fn(upcast(h), cfg.temp, cfg.hard_weight)
     return loss, stats
 
