@@ -55,7 +55,7 @@ class Config:
     m: float = 0.9  # scales the positive logit [paper Table 5; official pos_ratio]
     lambda_dcl: float = 0.1  # λ_DCL, the weight of DCL; 0: off [paper §5.1; official sw_weight]
     temp_dcl: float = 5.0  # τ_DCL, the temperature of DCL [paper §5.1, Table 5; official sw_temp]
-    off_dropout: bool = True  # negatives from a dropout-off pass; off: SimCSE's, m unused [paper §3]
+    off_dropout: bool = True  # negatives from a dropout-off pass; off: SimCSE's, no m [paper §3]
     checks = {"m": "(0, inf)", "lambda_dcl": "[0, inf)", "temp_dcl": "(0, inf)"}  # own ranges
 
 
@@ -145,7 +145,8 @@ def train_step(model, head, ids, mask, cfg):
     cls = model(*make_views(ids, mask), cls_only=True, chunk_size=cfg.chunk_size)  # [V*b, H]
     if cfg.off_dropout:
         with dropout_off(model):
-            cls = torch.cat([cls, model(ids[:, 0], mask[:, 0], True, cfg.chunk_size)])  # [3*b, H]
+            off = model(ids[:, 0], mask[:, 0], cls_only=True, chunk_size=cfg.chunk_size)  # [b, H]
+            cls = torch.cat([cls, off])  # [3*b, H]: the first view's rows, every dropout off
     h = all_gather(head(cls), views=len(cls) // len(ids)).view(-1, B, cls.size(-1))  # [V, B, H]
     with torch.autocast(h.device.type, enabled=False):  # the loss math in fp32 at least [G-prec]
         loss, stats = loss_fn(upcast(h), cfg.temp, cfg.m, cfg.lambda_dcl, cfg.temp_dcl)

@@ -18,7 +18,8 @@ os.environ["SIMCSE_CACHE"] = tempfile.mkdtemp(prefix="simcse-test-cache-")  # ne
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.environ["SIMCSE_CACHE"],
                                                               "inductor"))
 ROOT = Path(__file__).resolve().parent.parent
-for _var in ("SIMCSE_TEST_MODEL", "SIMCSE_SENTEVAL", "SIMCSE_TEST_DATA"):  # each test runs elsewhere
+# absolute: each test runs in a folder of its own (away_from_the_checkout)
+for _var in ("SIMCSE_TEST_MODEL", "SIMCSE_SENTEVAL", "SIMCSE_TEST_DATA"):
     if os.environ.get(_var):
         os.environ[_var] = os.path.abspath(os.environ[_var])
 sys.path.insert(0, str(ROOT))
