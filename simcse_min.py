@@ -36,7 +36,7 @@ class Config:
     precision: str = "auto"  # auto: bf16 where the GPU has it, else fp16 + a loss scaler; CPU: fp32
     seed: int = 42  # dropout masks, data order, views [official run_unsup_example.sh]
     batch_size: int = 64  # sentences per step [every paper, BERT-base]
-    chunk_size: int = 0  # the whole batch's step, encoding this many sentences at a time (0: all)
+    chunk_size: int = 0  # sentences at once (0: all): the whole batch's step, other dropout masks
     max_len: int = 32  # training length in tokens, [CLS] and [SEP] included [official code]
     lr: float = 3e-5  # peak learning rate, linear decay to 0 [every paper but DiffCSE]
     epochs: int = 1  # passes over the data [every paper but DiffCSE]
