@@ -24,14 +24,26 @@ from tiny_world import make_world, sentence
 METHODS = [simcse_min, esimcse_min, simcsepp_min, diffcse_min]
 
 
-def test_a_test_runs_away_from_the_checkout_and_the_user_cache(tmp_path):
-    assert Path.cwd() != ROOT and ROOT not in Path.cwd().parents  # before: the checkout itself
-    assert common.CACHE != Path.home() / ".cache" / "simcse-min"
-    world = make_world(tmp_path)
+def default_out_dir(tmp):
+    """Where a Run with the default --out_dir puts its folder (it takes its lock: a live run's
+    there refuses it)."""
+    world = make_world(tmp)
     world.pop("generator")
     run = common.Run(simcse_min.Config(**world, device="cpu"), simcse_min.__file__)
-    assert run.out.absolute() == Path.cwd() / "runs" / "simcse"  # the default --out_dir, here
     run.release()
+    return run.out.absolute()
+
+
+@pytest.fixture(scope="module")
+def module_out_dir(tmp_path_factory):  # as test_ddp.py's two processes: before any test's folder
+    return default_out_dir(tmp_path_factory.mktemp("world"))
+
+
+def test_a_test_runs_away_from_the_checkout_and_the_user_cache(tmp_path, module_out_dir):
+    assert Path.cwd() != ROOT and ROOT not in Path.cwd().parents  # before: the checkout itself
+    assert common.CACHE != Path.home() / ".cache" / "simcse-min"
+    assert default_out_dir(tmp_path) == Path.cwd() / "runs" / "simcse"
+    assert ROOT not in module_out_dir.parents
 
 
 def snapshot(folder):

@@ -564,10 +564,10 @@ MUTANTS = [
            ["test_inputs.py"]),
     # --- the first fifteen minutes, fourth pass [issue 55] -------------------------------------
     Mutant("tests-in-the-checkout", "tests/conftest.py",
-           '    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))',
+           '    os.chdir(tmp_path_factory.mktemp("cwd"))',
            "    pass",
            "a test's default --out_dir is the checkout's runs/, where the user's run may be going",
-           ["test_newcomer.py::test_a_test_runs_away_from_the_checkout_and_the_user_cache"]),
+           ["test_newcomer.py::test_the_suite_leaves_a_live_run_and_the_user_cache_alone"]),
     Mutant("senteval-always", C,
            'if cfg.test == "none" and cfg.dev_file:',
            "if False:",
