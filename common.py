@@ -150,7 +150,8 @@ _BPE_SPECIAL_SPLIT = re.compile("(" + "|".join(BPE_SPECIALS) + ")")
 _PRINTABLE = [*range(33, 127), *range(161, 173), *range(174, 256)]  # bytes shown as themselves
 BYTE_CHARS = dict(zip(_PRINTABLE + [b for b in range(256) if b not in _PRINTABLE],
                       map(chr, _PRINTABLE + list(range(256, 324)))))  # byte -> one char [GPT-2]
-_SPACE = "\t-\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"  # White_Space
+# White_Space as the inside of a regex class [...]: "\t-\r" is the range TAB..CR (\t \n \v \f \r)
+_SPACE = "\t-\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 
 
 @functools.cache
@@ -193,7 +194,7 @@ class BPETokenizer(Tokenizer):
             while i < len(parts):  # every occurrence, left to right [GPT-2 encoder.py]
                 pair = i + 1 < len(parts) and (parts[i], parts[i + 1]) == best
                 joined.append(parts[i] + parts[i + 1] if pair else parts[i])
-                i += 1 + pair
+                i += 2 if pair else 1  # past the pair, or past the one part
             parts = joined
         ids = [self.vocab.get(p, self.unk_id) for p in parts]
         if len(self._cache) < 2_000_000:
@@ -318,9 +319,9 @@ class Bert(nn.Module):
         self.mlm = MLMHead(cfg) if mlm_head else None
         self.pooler = None  # BERT's: tanh(dense([CLS])), `--pooler cls` [HF BertPooler]
         self.apply(self._init)
-        if pooler:  # the checkpoint's (a method's MLP head takes its place), built without a draw
-            with torch.random.fork_rng(devices=[]):  # from the RNG: the dropout masks stay as
-                dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)  # they were without it
+        if pooler:  # the checkpoint's (a method's MLP head takes its place)
+            with torch.random.fork_rng(devices=[]):  # its init's draws undone: same dropout masks
+                dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
             self.pooler = nn.Sequential(collections.OrderedDict(dense=dense, activation=nn.Tanh()))
 
     @staticmethod
@@ -343,7 +344,8 @@ class Bert(nn.Module):
             return states[-1][:, 0]  # [B, H]
         return states[-1]
 
-    def forward(self, ids, mask, cls_only=False, chunk_size=0, mlm=False):  # -> [B, L, H]
+    def forward(self, ids, mask, cls_only=False, chunk_size=0, mlm=False):  # ids, mask [B, L]
+        # -> [B, L, H]; cls_only: -> [B, H], the last layer's [CLS]; mlm: -> logits [B, L, V]
         if 0 < chunk_size < len(ids):  # the same output, chunk_size rows at a time (gradient_cache)
             return gradient_cache(self, chunk_size, ids, mask, cls_only=cls_only, mlm=mlm)
         h = self.encode(self.embeddings(ids), mask, cls_only=cls_only)  # cls_only: [B, H]
@@ -387,7 +389,8 @@ def epoch_batches(data, tok, cfg, start, total):
                 cfg.seed * 1000 + epoch)).tolist()
         rows = [data[i] for i in order[position * cfg.batch_size:(position + 1) * cfg.batch_size]]
         ids, mask = tok.pad([x for r in rows for x in r], width)  # [B*C, L]
-        yield (t.view(len(rows), len(rows[0]), -1) for t in (ids, mask))  # [B, C, L]
+        shape = (len(rows), len(rows[0]), -1)  # [B, C, L]: C sentences a row (views, NLI columns)
+        yield ids.view(shape), mask.view(shape)  # a pair: train() unpacks *next(batches)
 
 
 # --- STS evaluation (SimCSE's SentEval fork: cosine, Spearman x 100, 'all' for STS12-16) --------
@@ -570,7 +573,7 @@ class MixedPrecision:
 
 
 def upcast(x):
-    """x in float32 at least (float64 stays float64): the loss math never runs in bf16 [DESIGN]."""
+    """x in float32 at least (float64 stays float64): the loss math never runs in bf16 [G-prec]."""
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
@@ -689,10 +692,12 @@ class GradientCache(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):  # grad [N, ...]: the loss's gradient w.r.t. the vectors, cached
-        wants = ctx.needs_input_grad[4:]  # past forward's 4 others: inputs (DiffCSE's h), params
+        # forward's arguments, in order: module, chunk_size, kwargs, n_inputs (no gradient), the
+        # inputs (one where autograd asks: DiffCSE's h), the parameters; needs_input_grad likewise
+        wants = ctx.needs_input_grad[4:4 + len(ctx.inputs)]
         inputs = [x.detach().requires_grad_(want) for x, want in zip(ctx.inputs, wants)]
         wanted = [x for x in inputs if x.requires_grad] + list(ctx.params)
-        sums = [torch.zeros_like(x) for x in wanted]  # each wanted gradient, over the chunks
+        sums = [torch.zeros_like(x) for x in wanted]  # wanted's gradients, summed over the chunks
         states = random_states(ctx.device)
         modes = [(m, m.training) for m, _ in ctx.modes]
         for m, training in ctx.modes:  # eval, say, in step 1: eval now
@@ -703,11 +708,13 @@ class GradientCache(torch.autograd.Function):
                 set_random_states(state, ctx.device)  # the first pass's dropout masks again
                 vectors = ctx.module(*chunk, **ctx.kwargs)  # [n, ...], with its graph
                 got = torch.autograd.grad(vectors, wanted, g, materialize_grads=True)  # 0: unused
-                torch._foreach_add_(sums, got)  # one fused add [impl]
+                # a private torch API, kept for its gain over a loop of add_ (chunk 64, an H200):
+                torch._foreach_add_(sums, got)  # one fused add: 957 -> 637 ms a step [impl]
         set_random_states(states, ctx.device)  # as they were: the next draws are new ones
         for m, training in modes:
             m.training = training
-        return (None,) * 4 + tuple(sums.pop(0) if want else None for want in wants)
+        grads = iter(sums)  # wanted's order: the inputs that want one, then the parameters
+        return (None,) * 4 + tuple(next(grads) if want else None for want in wants) + tuple(grads)
 
 
 def random_states(device):  # what dropout draws from: the CPU's generator and the GPU's
@@ -1709,6 +1716,18 @@ def check_senteval(root, mode="test"):
                         f"{more}; {fix}")
 
 
+def run_senteval(cfg):
+    """A training run's SentEval folder, its test files parsed now (a malformed one fails before
+    training); None where the run reads no SentEval file: --dev_file with --test none [issue 55]."""
+    if cfg.test == "none" and cfg.dev_file:
+        return None
+    with rank0_first("the SentEval data"):  # rank 0 downloads, the others read what it wrote
+        root = resolve_senteval(cfg.senteval)
+    if cfg.test != "none":
+        load_sts(root, "test")
+    return root
+
+
 @contextlib.contextmanager
 def malformed_file(path):
     """A cut or edited SentEval file (a short row, a score that is not a number) -> one line."""
@@ -2342,11 +2361,16 @@ def catch_signals(run):
         run.signal = run.signal or signum
         later = "" if run.signals == 1 else "; no checkpoint yet: one first (again to stop now)"
         what = "stopping after this step with a checkpoint" + (later or " (again to stop now)")
-        if getattr(run.evaluating, "what", "") == "STS test":  # the loop is over: nothing to stop
+        testing = getattr(run.evaluating, "what", "") == "STS test"
+        if testing:  # the loop is over: nothing to stop
             left = seconds_left(run, run.total, 0) - (time.time() - run.evaluating.start)
             what = f"finishing the test table, about {max(left, 1):.0f} s; again to stop now, " \
                 "--resume then redoes it"
-        print(f"\n{signal.Signals(signum).name}: {what}", file=sys.stderr, flush=True)
+        line = f"{signal.Signals(signum).name}: {what}"
+        print("\n" + line, file=sys.stderr, flush=True)
+        if testing and run.log_file:  # in the steps, exit_on_signal logs it [issue 55]
+            run.log_file.write(line + "\n")
+            run.log_file.flush()
     run.signals = 0
     run.saving, run.evaluating = False, None
     with contextlib.suppress(ValueError):  # handlers can only be set in the main thread
@@ -2429,11 +2453,26 @@ def start_evaluation(run, what):
 def log_progress(run, step, stats):
     """A progress line about every 10 seconds between evaluations: the training steps' pace, and
     the time to the end, the evaluations left counted at their measured time [issue 42]."""
+    if step == run.first_step + 1:
+        check_generator(run, stats)
     if time.time() - run.last_print > 10:
         per_step = (time.time() - run.clock) / (step - run.first_step)
         run.last_print = time.time()
         run.log(f"step {step}/{run.total} | {format_stats(run, stats)} | {1 / per_step:.2f} "
                 f"steps/s | eta {seconds_left(run, step, per_step) / 60:.1f} min")
+
+
+def check_generator(run, stats):
+    """DiffCSE's first step: more real tokens replaced than masked means the generator rewrites
+    tokens it sees, which a pretrained masked LM copies [DiffCSE §4.1], and RTD learns little
+    (make_generator.py's 300 steps: 0.25 at --mask_ratio 0.3; 20 steps: 0.70) [issue 55]."""
+    masked = getattr(run.cfg, "mask_ratio", None)
+    if masked is None or "replaced" not in stats:  # another method; or a resumed last step
+        return
+    replaced = float(stats["replaced"])  # one host sync, once
+    if replaced > masked:
+        run.log(f"warning: the generator replaced {replaced:.2f} of the real tokens, more than the "
+                f"{masked} masked: a weak one (tests/tools/make_generator.py: train it longer)")
 
 
 def seconds_left(run, step, per_step):
@@ -2503,9 +2542,7 @@ class Run:
         precision, why = choose_precision(cfg.precision, self.device)
         self.amp = MixedPrecision(precision, self.device)
         self.log(f"precision {precision}: {why}")
-        with rank0_first("the SentEval data"):  # rank 0 downloads, the others read what it wrote
-            self.senteval = resolve_senteval(cfg.senteval)
-        load_sts(self.senteval, "test")  # parsed now: a malformed test file fails before training
+        self.senteval = run_senteval(cfg)  # None: --dev_file and --test none read none
         self.dev_name = cfg.dev_file or "STS-B dev"  # the pairs that pick the best step
         self.dev_pairs = read_sts_pairs(cfg.dev_file, "--dev_file") if cfg.dev_file else \
             load_sts(self.senteval, "dev")["STSBenchmark"]["dev"]
@@ -3336,13 +3373,32 @@ class OneLineErrors(argparse.ArgumentParser):
                 difflib.get_close_matches(wanted, known, n=1)  # a prefix's flags, else the nearest
             message = f"unknown flag {unknown[1]}" + (f"; did you mean {' or '.join(near)}?"
                                                       if near else "")
+            owner = owner_of(wanted, getattr(self, "fields", None))  # [issue 55]
+            if owner:
+                message = f"unknown flag {wanted}; {owner}"
         print(f"error: {message} (see --help)", file=sys.stderr)
         sys.exit(2)
 
 
+METHODS = {"simcse": "SimCSE", "esimcse": "ESimCSE", "simcsepp": "SimCSE++", "diffcse": "DiffCSE"}
+
+
+def owner_of(flag, fields):
+    """"--dup_rate is ESimCSE's: esimcse_min.py" for a flag of another method's Config, on a
+    method's parser (fields: its Config's), else ""."""
+    name = flag.removeprefix("--").removeprefix("no_")
+    if fields is None or name in fields:  # common.py's commands; or --no_ of a flag not a switch
+        return ""
+    for method, title in METHODS.items():
+        source = Path(__file__).with_name(f"{method}_min.py").read_text(encoding="utf-8")
+        if re.search(rf"^    {re.escape(name)}: \w+ = ", source, re.M):  # a Config field
+            return f"{flag} is {title}'s: {method}_min.py"
+    return ""
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Defaults shown where they say something (an empty one is explained by its help), switches
-    shown bare (`--compile`, not `--compile [COMPILE]`)."""
+    shown bare with their --no_ form (`--compile, --no_compile`, not `--compile [COMPILE]`)."""
 
     def _get_help_string(self, action):
         if action.const is True:  # a switch
@@ -3354,8 +3410,10 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return "" if action.const is True else super()._format_args(action, default_metavar)
 
     def _format_action_invocation(self, action):
-        return ", ".join(action.option_strings) if action.const is True else \
-            super()._format_action_invocation(action)
+        if action.const is True:  # a switch, and its --no_ form
+            flag = action.option_strings[0]
+            return f"{flag}, {flag.replace('--', '--no_')}"
+        return super()._format_action_invocation(action)
 
 
 FLAG_GROUPS = {"data and model": ("data", "model", "senteval", "dev_file", "generator"),
@@ -3369,11 +3427,12 @@ ANALYSIS_FILES = ("analysis.json", "align_uniform.svg", "singular_values.svg",
 
 
 def parse_args(config_cls, argv=None):
-    """Dataclass fields -> `--name value` flags in FLAG_GROUPS (booleans also bare), --help from
-    their comments."""
+    """Dataclass fields -> `--name value` flags in FLAG_GROUPS (booleans: `--name`, `--no_name`),
+    --help from their comments."""
     helps = dict(re.findall(r"^\s+(\w+):[^#\n]*#\s*(.+)$", inspect.getsource(config_cls), re.M))
     doc = " ".join((sys.modules[config_cls.__module__].__doc__ or "").split("\n\n")[0].split())
     parser = OneLineErrors(description=doc)
+    parser.fields = [f.name for f in dataclasses.fields(config_cls)]  # another's: owner_of
     groups = {name: parser.add_argument_group(name) for name in FLAG_GROUPS}
     kinds = {"bool": parse_bool, "int": int, "float": float}
     for f in dataclasses.fields(config_cls):
@@ -3382,6 +3441,9 @@ def parse_args(config_cls, argv=None):
         group = next((g for g, names in FLAG_GROUPS.items() if f.name in names), "method")
         groups[group].add_argument(f"--{f.name}", type=kind or str, default=f.default,
                                    help=helps.get(f.name, " "), **switch)
+        if switch:  # and `--no_compile` (argparse's BooleanOptionalAction; --help shows it)
+            groups[group].add_argument(f"--no_{f.name}", dest=f.name, action="store_false",
+                                       default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return config_cls(**vars(parser.parse_args(argv)))
 
 

@@ -36,7 +36,7 @@ class Config:
     precision: str = "auto"  # auto: bf16 where the GPU has it, else fp16 + a loss scaler; CPU: fp32
     seed: int = 42  # dropout masks, data order, views [official run_unsup_example.sh]
     batch_size: int = 64  # sentences per step [every paper, BERT-base]
-    chunk_size: int = 0  # the whole batch's step, encoding this many sentences at a time (0: all)
+    chunk_size: int = 0  # sentences at once (0: all): the whole batch's step, other dropout masks
     max_len: int = 32  # training length in tokens, [CLS] and [SEP] included [official code]
     lr: float = 7e-6  # peak learning rate, linear decay to 0 [paper App. A; run_diffcse.sh]
     epochs: int = 2  # passes over the data [paper App. A; official run_diffcse.sh]
@@ -160,7 +160,7 @@ def train_step(model, head, ids, mask, cfg, disc, generator, tok, gen):
     corrupted, labels = corrupt(generator, masked, ids, mask, tok)  # [2b, L]
     logits = disc(corrupted, mask, shard(h, views=2), cfg.chunk_size)  # [2b, L, 2], h's gradient
     logits, labels, mask = (all_gather(t, views=2) for t in (logits, labels, mask))  # [2B, L(, 2)]
-    with torch.autocast(h.device.type, enabled=False):  # the loss math in fp32 at least [DESIGN]
+    with torch.autocast(h.device.type, enabled=False):  # the loss math in fp32 at least [G-prec]
         h, logits = upcast(h.view(2, B, -1)), upcast(logits)  # [2, B, H], [2B, L, 2]
         loss, stats = loss_fn(h, logits, labels, mask, cfg.temp, cfg.lambda_rtd)
     return loss, stats

@@ -40,7 +40,7 @@ class Config:
     precision: str = "auto"  # auto: bf16 where the GPU has it, else fp16 + a loss scaler; CPU: fp32
     seed: int = 42  # dropout masks, data order, views [official run_unsup_example.sh]
     batch_size: int = 64  # sentences per step [every paper, BERT-base]
-    chunk_size: int = 0  # the whole batch's step, encoding this many sentences at a time (0: all)
+    chunk_size: int = 0  # sentences at once (0: all): the whole batch's step, other dropout masks
     max_len: int = 32  # training length in tokens, [CLS] and [SEP] included [official code]
     lr: float = 3e-5  # peak learning rate, linear decay to 0 [every paper but DiffCSE]
     epochs: int = 1  # passes over the data [every paper but DiffCSE]
@@ -142,7 +142,7 @@ def train_step(model, head, ids, mask, cfg, momentum, queue, rng, tok=None, gen=
     cls = model(*(shard(v, 2).to(device) for v in views), True, cfg.chunk_size)  # [V*b, H]
     h = all_gather(head(cls), views=len(cls) // len(ids)).view(-1, B, cls.size(-1))  # [V, B, H]
     queued = torch.stack([*queue]) if queue else h.new_zeros(0, h.size(-1))  # [M, H]
-    with torch.autocast(h.device.type, enabled=False):  # the loss math in fp32 at least [DESIGN]
+    with torch.autocast(h.device.type, enabled=False):  # the loss math in fp32 at least [G-prec]
         loss, stats = loss_fn(upcast(h), upcast(queued), cfg.temp)
     if cfg.do_mlm:  # loss + λ·MLM loss, on every view [official cl_forward: mlm_weight]
         mlm = mlm_loss(model, *views, tok, gen, len(views[0]) // B, cfg.chunk_size)

@@ -37,7 +37,7 @@ class Config:
     precision: str = "auto"  # auto: bf16 where the GPU has it, else fp16 + a loss scaler; CPU: fp32
     seed: int = 42  # dropout masks, data order, views [official run_unsup_example.sh]
     batch_size: int = 64  # sentences per step [every paper, BERT-base]
-    chunk_size: int = 0  # the whole batch's step, encoding this many sentences at a time (0: all)
+    chunk_size: int = 0  # sentences at once (0: all): the whole batch's step, other dropout masks
     max_len: int = 32  # training length in tokens, [CLS] and [SEP] included [official code]
     lr: float = 3e-5  # peak learning rate, linear decay to 0 [every paper but DiffCSE]
     epochs: int = 1  # passes over the data [every paper but DiffCSE]
@@ -112,7 +112,7 @@ def train_step(model, head, ids, mask, cfg, tok=None, gen=None):
     ids, mask = shard(ids).to(device), shard(mask).to(device)  # [b, C, L]: this process's rows
     cls = model(*make_views(ids, mask), cls_only=True, chunk_size=cfg.chunk_size)  # [V*b, H]
     h = all_gather(head(cls), views=len(cls) // len(ids)).view(-1, B, cls.size(-1))  # [V, B, H]
-    with torch.autocast(h.device.type, enabled=False):  # the loss math in fp32 at least [DESIGN]
+    with torch.autocast(h.device.type, enabled=False):  # the loss math in fp32 at least [G-prec]
         loss, stats = loss_fn(upcast(h), cfg.temp, cfg.hard_weight)
     if cfg.do_mlm:  # loss + λ·MLM loss, on every view [official cl_forward: mlm_weight]
         mlm = mlm_loss(model, *views, tok, gen, len(views[0]) // B, cfg.chunk_size)

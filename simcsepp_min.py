@@ -39,7 +39,7 @@ class Config:
     precision: str = "auto"  # auto: bf16 where the GPU has it, else fp16 + a loss scaler; CPU: fp32
     seed: int = 42  # dropout masks, data order, views [official run_unsup_example.sh]
     batch_size: int = 64  # sentences per step [every paper, BERT-base]
-    chunk_size: int = 0  # the whole batch's step, encoding this many sentences at a time (0: all)
+    chunk_size: int = 0  # sentences at once (0: all): the whole batch's step, other dropout masks
     max_len: int = 32  # training length in tokens, [CLS] and [SEP] included [official code]
     lr: float = 3e-5  # peak learning rate, linear decay to 0 [every paper but DiffCSE]
     epochs: int = 1  # passes over the data [every paper but DiffCSE]
@@ -58,7 +58,7 @@ class Config:
     m: float = 0.9  # scales the positive logit [paper Table 5; official pos_ratio]
     lambda_dcl: float = 0.1  # λ_DCL, the weight of DCL; 0: off [paper §5.1; official sw_weight]
     temp_dcl: float = 5.0  # τ_DCL, the temperature of DCL [paper §5.1, Table 5; official sw_temp]
-    off_dropout: bool = True  # negatives from a dropout-off pass; 0: SimCSE's, m unused [paper §3]
+    off_dropout: bool = True  # negatives from a dropout-off pass; off: SimCSE's, no m [paper §3]
     checks = {"m": "(0, inf)", "lambda_dcl": "[0, inf)", "temp_dcl": "(0, inf)"}  # own ranges
 
 
@@ -150,9 +150,10 @@ def train_step(model, head, ids, mask, cfg, tok=None, gen=None):
     cls = model(*make_views(ids, mask), cls_only=True, chunk_size=cfg.chunk_size)  # [V*b, H]
     if cfg.off_dropout:
         with dropout_off(model):
-            cls = torch.cat([cls, model(ids[:, 0], mask[:, 0], True, cfg.chunk_size)])  # [3*b, H]
+            off = model(ids[:, 0], mask[:, 0], cls_only=True, chunk_size=cfg.chunk_size)  # [b, H]
+            cls = torch.cat([cls, off])  # [3*b, H]: the first view's rows, every dropout off
     h = all_gather(head(cls), views=len(cls) // len(ids)).view(-1, B, cls.size(-1))  # [V, B, H]
-    with torch.autocast(h.device.type, enabled=False):  # the loss math in fp32 at least [DESIGN]
+    with torch.autocast(h.device.type, enabled=False):  # the loss math in fp32 at least [G-prec]
         loss, stats = loss_fn(upcast(h), cfg.temp, cfg.m, cfg.lambda_dcl, cfg.temp_dcl)
     if cfg.do_mlm:  # loss + λ·MLM loss, on every view [official cl_forward: mlm_weight]
         mlm = mlm_loss(model, *views, tok, gen, len(views[0]) // B, cfg.chunk_size)

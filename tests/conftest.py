@@ -18,6 +18,10 @@ os.environ["SIMCSE_CACHE"] = tempfile.mkdtemp(prefix="simcse-test-cache-")  # ne
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.environ["SIMCSE_CACHE"],
                                                               "inductor"))
 ROOT = Path(__file__).resolve().parent.parent
+# absolute: the tests run in a temporary folder (away_from_the_checkout)
+for _var in ("SIMCSE_TEST_MODEL", "SIMCSE_SENTEVAL", "SIMCSE_TEST_DATA"):
+    if os.environ.get(_var):
+        os.environ[_var] = os.path.abspath(os.environ[_var])
 sys.path.insert(0, str(ROOT))
 # scripts the tests also import (bad_inputs, make_generator)
 sys.path.insert(1, str(ROOT / "tests" / "tools"))
@@ -85,6 +89,18 @@ def hub(recorded_hub_files, tmp_path, monkeypatch):
             monkeypatch.delenv(var, raising=False)
         monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-hub"))
         yield h
+
+
+@pytest.fixture(scope="session", autouse=True)
+def away_from_the_checkout(tmp_path_factory):
+    """The suite runs in an empty temporary folder, so that a default --out_dir (runs/METHOD) lands
+    there, never in the checkout's runs/, where the user's own run may be going [issue 55]; the
+    cache is SIMCSE_CACHE's temporary folder (above), never ~/.cache/simcse-min. Session-wide:
+    module fixtures run before any test's own (test_ddp.py's two processes build a Run)."""
+    before = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    yield
+    os.chdir(before)
 
 
 @pytest.fixture(scope="session", autouse=True)

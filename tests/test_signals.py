@@ -113,6 +113,7 @@ def test_signals_in_the_final_evaluation_and_save_lose_nothing(name, count, worl
         module.train(config("simcse", world, out))
         assert count == 1  # it said what it did: the table, then results.json [issue 42]
         assert "SIGTERM: finishing the test table, about " in capsys.readouterr().err
+        assert "SIGTERM: finishing the test table" in (out / "log.txt").read_text()  # [issue 55]
     except KeyboardInterrupt:
         assert count == 2 and checkpoint_step(out) == 16 and not (out / "results.json").exists()
         assert (
