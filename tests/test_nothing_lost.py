@@ -13,6 +13,8 @@ import torch
 import common
 from tiny_world import make_world, stsb_dev, tokenizer
 
+SIMCSE = importlib.import_module("simcse_min").__file__  # the suite runs in a temporary folder
+
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
@@ -41,11 +43,11 @@ def files(folder):
 def test_two_runs_started_together_on_one_folder_one_is_refused(world, tmp_path):
     """Both used to pass the 'already holds a run' check before either locked (at start())."""
     (tmp_path / "there").mkdir()
-    first = common.Run(config(world, tmp_path / "there"), "simcse_min.py")  # its lock: now
+    first = common.Run(config(world, tmp_path / "there"), SIMCSE)  # its lock: now
     with pytest.raises(common.UserError, match="in use by another run"):
-        common.Run(config(world, tmp_path / "there"), "simcse_min.py")
+        common.Run(config(world, tmp_path / "there"), SIMCSE)
     first.release()
-    a, b = (common.Run(config(world, tmp_path / "new"), "simcse_min.py") for _ in range(2))
+    a, b = (common.Run(config(world, tmp_path / "new"), SIMCSE) for _ in range(2))
     common.open_out_dir(a)  # no folder when both checked: the first to make it wins
     with pytest.raises(common.UserError, match="appeared after this run checked it"):
         common.open_out_dir(b)
