@@ -729,6 +729,7 @@ import datetime
 import difflib
 import errno
 import gc
+import glob
 import hashlib
 import http.client
 import inspect
@@ -3064,6 +3065,9 @@ def run_encode(args):
     device, _, _ = check_cli_inputs(args, [args.model], [])
     lock = lock_folder(out.parent, "--out")  # one writer in a folder at a time, as runs
     try:
+        for name in (out.name, out.with_suffix(".json").name):  # atomic_write's temporary
+            for left in out.parent.glob(f".{glob.escape(name)}.*.tmp"):  # names a kill left
+                left.unlink()  # between its link and its rename
         old = encoded_before(out)
         n, corpus_sha256 = count_lines(args.input, "--input")
         tok, model = Tokenizer.from_pretrained(args.model), Bert.from_pretrained(args.model)
