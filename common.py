@@ -782,6 +782,9 @@ def main_guard(fn, *args):
     warnings.filterwarnings("ignore", re.escape("Detected call of `lr_scheduler.step()` before"))
     try:
         result = fn(*args)
+    except BrokenPipeError:  # `search --json | head -n 1`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # [Python docs: SIGPIPE]
+        sys.exit(1)
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             raise
@@ -798,9 +801,6 @@ def main_guard(fn, *args):
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
-    except BrokenPipeError:  # `search --json | head -n 1`: the reader has all it wanted
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # [Python docs: SIGPIPE]
-        sys.exit(1)
     leave_distributed()  # on an error torchrun stops every process
     return result
 
@@ -1718,7 +1718,8 @@ def check_names(args, flags):
     for flag in flags:
         value = getattr(args, flag, "")
         if value and (why := name_problem(Path(value).expanduser())):
-            raise UserError(f"--{flag} {value} {why}")
+            shown = value.encode("utf-8", "backslashreplace").decode()  # printable
+            raise UserError(f"--{flag} {shown} {why}")
 
 
 def check_output(flag, path, inputs=(), own=None, through=False):
@@ -1730,7 +1731,7 @@ def check_output(flag, path, inputs=(), own=None, through=False):
     never replaced. -> True: write through it (no temporary file beside it)."""
     p = Path(path).expanduser().absolute()
     if why := name_problem(p):
-        raise UserError(f"{flag} {path} {why}")
+        raise UserError(f"{flag} {str(path).encode('utf-8', 'backslashreplace').decode()} {why}")
     real = Path(os.path.realpath(p))  # links resolved; a loop stays as it is
     if own:
         own = Path(os.path.realpath(own))
