@@ -816,7 +816,7 @@ DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F
 
 @contextlib.contextmanager
 def atomic_write(path, mode="w"):
-    """Write a file with no name (Linux's O_TMPFILE: even SIGKILL leaves nothing [open(2)]) or, where
+    """Write a file with no name (Linux's O_TMPFILE: a SIGKILL leaves nothing [open(2)]) or, where
     there is none, a temporary name beside `path`; then rename it over: no reader sees a partial
     file [issue 52]."""
     path = Path(path)
@@ -2317,6 +2317,14 @@ def log_dev(run, step, dev, stats, best):
                 f"step {best['step']}'s, the first, is kept")
 
 
+def read_dev_pairs(run):
+    """The pairs that pick the best step: --dev_file's (its SHA-256 for --resume) or STS-B dev."""
+    run.dev_name = run.cfg.dev_file or "STS-B dev"
+    run.dev_sha256 = run.cfg.dev_file and sha256_file(Path(run.cfg.dev_file).expanduser())
+    run.dev_pairs = read_sts_pairs(run.cfg.dev_file, "--dev_file") if run.cfg.dev_file else \
+        load_sts(run.senteval, "dev")["STSBenchmark"]["dev"]
+
+
 class Run:
     """A training run's operations, which train() calls by name: inputs checked, out_dir and its
     lock, log.txt, the data, checkpoints, Ctrl-C/SIGTERM, torchrun. The loop stays in train().
@@ -2360,10 +2368,7 @@ class Run:
         with rank0_first("the SentEval data"):  # rank 0 downloads, the others read what it wrote
             self.senteval = resolve_senteval(cfg.senteval)
         load_sts(self.senteval, "test")  # parsed now: a malformed test file fails before training
-        self.dev_name = cfg.dev_file or "STS-B dev"  # the pairs that pick the best step
-        self.dev_pairs = read_sts_pairs(cfg.dev_file, "--dev_file") if cfg.dev_file else \
-            load_sts(self.senteval, "dev")["STSBenchmark"]["dev"]
-        self.dev_sha256 = sha256_file(Path(cfg.dev_file).expanduser()) if cfg.dev_file else None
+        read_dev_pairs(self)
         self.dev_history, self.stats_history, self.align_uniform, self.eval_times = [], [], [], []
         self.started = self.last_print = time.time()
 
@@ -2995,20 +3000,18 @@ def evaluate_transfer(model, tok, root, mode="test", pooler="cls_before_pooler",
 # --- Using a model: encode, search, your own STS pairs -------------------------------------------
 
 CHUNK_LINES = 16_384  # corpus lines read, sorted by length and encoded at a time: encode's memory
-ENCODED = {"model", "weights_sha256", "pooler", "count", "corpus_sha256"}  # encode's JSON's keys
 SCORE = re.compile(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*")  # a finite number
 
 
 def corpus_lines(path, flag, digest=None):
-    """A text file's lines, read as they are needed (row i is line i + 1, blank lines kept), each
-    cut at MAX_SENTENCE_CHARS as training cuts it; `digest` (hashlib) takes the bytes as they are
-    read, so a hash describes what was encoded, not the file later [issue 52]."""
+    """A text file's lines, read as needed (row i is line i + 1, blank lines kept), cut as training
+    cuts them; `digest` takes the bytes as read: what was encoded, not the file later [issue 52]."""
     if why := path_problem(Path(path).expanduser()):  # no size limit: read as it goes
         raise UserError(f"{flag} {path} {why}")
+    digest = digest or hashlib.sha256()  # else one nobody reads
     with open(Path(path).expanduser(), "rb") as f:  # b"\n" alone ends a line, as `wc -l` counts
         for n, raw in enumerate(f, 1):  # (not \r, U+0085 or U+2028)
-            if digest is not None:
-                digest.update(raw)
+            digest.update(raw)
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -3017,8 +3020,7 @@ def corpus_lines(path, flag, digest=None):
             yield line.removeprefix("\ufeff").rstrip("\r\n")[:MAX_SENTENCE_CHARS]
 
 
-def count_lines(path, flag):  # each line decoded before any work; none: an error
-    """-> (lines, the SHA-256 of the bytes counted)."""
+def count_lines(path, flag):  # each line decoded before any work -> (lines, the bytes' SHA-256)
     digest = hashlib.sha256()
     n = sum(1 for _ in corpus_lines(path, flag, digest))
     if n == 0:
@@ -3036,8 +3038,7 @@ def vectors_about(args, model, corpus_sha256, n):
 
 
 def described(about, npy):
-    """The entry of encode's JSON that describes the .npy at `npy` byte for byte (its size and
-    SHA-256): the pair's own or, while encode replaces the pair, the previous one; else None."""
+    """encode's JSON's entry (its own, or the previous while encode replaces it) or None."""
     entries = [about, about.get("previous")] if isinstance(about, dict) else []
     seen = [npy.stat().st_size, sha256_file(npy)]
     return next((e for e in entries if isinstance(e, dict) and
@@ -3045,80 +3046,56 @@ def described(about, npy):
 
 
 def encoded_before(out):
-    """The pair at --out now -> its JSON's entry for the .npy there, or None. A pair encode did not
-    make (no JSON of encode's beside the .npy) is refused, never replaced [issue 52]."""
+    """The entry for --out's .npy now, or None; a pair not encode's is refused [issue 52]."""
     about_path = out.with_suffix(".json")
-    if not os.path.lexists(out) and not os.path.lexists(about_path):
-        return None
-    about = read_json(about_path, f"--out {out}: the JSON beside it") if \
-        os.path.lexists(about_path) else None
-    if not (isinstance(about, dict) and ENCODED <= set(about)):
+    about = read_json(about_path, f"--out {out}: its JSON") if about_path.exists() else None
+    ours = isinstance(about, dict) and {"weights_sha256", "corpus_sha256"} <= set(about)
+    if not ours and (about is not None or os.path.lexists(out)):
         raise UserError(f"--out {out}: {about_path.name} beside it was not written by encode, and "
                         f"encode replaces only its own pair: move them, or pick another --out")
     return described(about, out) if out.is_file() else None
 
 
 def run_encode(args):
-    """--input's lines -> float32 [lines, H] in --out (.npy), written as it goes, a chunk of sorted
-    lengths at a time (the memory of a chunk, not of the corpus), and a JSON beside it. The pair
-    there before stays usable until the new one is whole, then both change [issue 52]."""
+    """--input's lines -> float32 [lines, H] in --out (.npy), a chunk of sorted lengths at a time,
+    and a JSON beside it. The .npy has no name until whole; as it takes --out's, the JSON describes
+    it and the old one (search always finds the .npy described), then it alone [issue 52]."""
     out = Path(args.out).expanduser()  # and its .json: the name with .json for its suffix
     device, _, _ = check_cli_inputs(args, [args.model], [])
     lock = lock_folder(out.parent, "--out")  # one writer in a folder at a time, as runs
+    stop = signal.signal(signal.SIGTERM, signal.default_int_handler)  # "interrupted", cleaned up
     try:
-        for name in (out.name, out.with_suffix(".json").name):  # atomic_write's temporary
-            for left in out.parent.glob(f".{glob.escape(name)}.*.tmp"):  # names a kill left
-                left.unlink()  # between its link and its rename
+        for left in out.parent.glob(f".{glob.escape(out.stem)}.*.tmp"):  # a kill between the
+            left.unlink()  # link and the rename of atomic_write: our names, under our lock
         old = encoded_before(out)
         n, corpus_sha256 = count_lines(args.input, "--input")
         tok, model = Tokenizer.from_pretrained(args.model), Bert.from_pretrained(args.model)
         about = vectors_about(args, model.to(device), corpus_sha256, n)
-        with stop_in_one_line(f"encode stopped: {out} and {out.stem}.json are as they were"):
-            about = write_vectors(args, out, tok, model, about, old)
+        digest, npy = hashlib.sha256(), hashlib.sha256()  # the corpus as read, the .npy written
+        lines, shown = corpus_lines(args.input, "--input", digest), Progress("encode")
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False,
+                                                      "shape": (n, model.cfg.hidden_size)})
+        with atomic_write(out, "wb") as f:  # the rows in order: np.load reads them as one array
+            f.write(header.getvalue())
+            npy.update(header.getvalue())
+            for start in range(0, n, CHUNK_LINES):
+                chunk = list(itertools.islice(lines, CHUNK_LINES))
+                vectors = encode_sentences(model, tok, chunk, args.pooler, args.batch_size,
+                                           progress=lambda done, _: shown(start + done, n))
+                rows = vectors.numpy().astype("<f4").tobytes()  # [c, H]
+                f.write(rows)
+                npy.update(rows)
+            if next(lines, None) is not None or digest.hexdigest() != corpus_sha256:
+                raise UserError(f"--input {args.input} changed while it was encoded: encode again")
+            about |= {"npy_bytes": f.tell(), "npy_sha256": npy.hexdigest()}
+            write_json(out.with_suffix(".json"), {**about, "previous": old}, indent=None)
         write_json(out.with_suffix(".json"), about, indent=None)  # the new pair alone
     finally:
-        if lock is not None:
+        signal.signal(signal.SIGTERM, stop)
+        if lock is not None:  # no fcntl (not POSIX): no lock
             os.close(lock)
     print(f"{n:,} vectors of {model.cfg.hidden_size} in {out}, and {out.stem}.json")
-
-
-def write_vectors(args, out, tok, model, about, old):
-    """The .npy, written with no name until whole; before it takes `out`'s name, the JSON says
-    both it and the `old` .npy, so search finds the .npy there described at every moment."""
-    n = about["count"]
-    digest, npy = hashlib.sha256(), hashlib.sha256()  # the corpus as read, the .npy as written
-    lines, shown = corpus_lines(args.input, "--input", digest), Progress("encode")
-    header = io.BytesIO()
-    np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False,
-                                                  "shape": (n, model.cfg.hidden_size)})
-    with atomic_write(out, "wb") as f:  # the rows in order: np.load reads them as one array
-        f.write(header.getvalue())
-        npy.update(header.getvalue())
-        for start in range(0, n, CHUNK_LINES):
-            chunk = list(itertools.islice(lines, CHUNK_LINES))
-            vectors = encode_sentences(model, tok, chunk, args.pooler, args.batch_size,
-                                       progress=lambda done, _: shown(start + done, n))  # [c, H]
-            rows = vectors.numpy().astype("<f4").tobytes()
-            f.write(rows)
-            npy.update(rows)
-        if next(lines, None) is not None or digest.hexdigest() != about["corpus_sha256"]:
-            raise UserError(f"--input {args.input} changed while it was encoded: encode again")
-        about = {**about, "npy_bytes": f.tell(), "npy_sha256": npy.hexdigest()}
-        write_json(out.with_suffix(".json"), {**about, "previous": old}, indent=None)
-    return about
-
-
-@contextlib.contextmanager
-def stop_in_one_line(message):
-    """Ctrl-C or SIGTERM while inside: one line (a UserError), the handlers put back after."""
-    def stop(signum, frame):
-        raise UserError(f"{message} ({signal.Signals(signum).name})")
-    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
 
 
 def run_search(args):
@@ -3127,14 +3104,12 @@ def run_search(args):
     device, _, _ = check_cli_inputs(args, [args.model], [])
     queries = [args.query] if args.query is not None else \
         [q.strip() for q in corpus_lines(args.queries, "--queries") if q.strip()]
-    if not all(q.strip() for q in queries):  # [issue 52]
-        raise UserError("--query is empty: give the sentence to search for, e.g. --query 'a dog'")
-    try:  # a byte that is not UTF-8 arrives as a lone surrogate, which cannot be printed back
-        "".join(queries).encode("utf-8")
-    except UnicodeEncodeError:
-        raise UserError("--query holds a byte that is not UTF-8: type it in UTF-8") from None
-    if not queries:
-        raise UserError(f"--queries {args.queries} holds no queries: one a line")
+    if not (queries and all(q.strip() for q in queries)):  # the flag typed [issue 52]
+        raise UserError(f"--queries {args.queries} holds no query" if args.queries else
+                        "--query is empty: give the sentence to search for, e.g. --query 'a dog'")
+    if "".join(queries).encode("utf-8", "replace").decode() != "".join(queries):  # a byte not
+        # UTF-8 arrives as a lone surrogate [PEP 383], which cannot be printed back
+        raise UserError("--query holds a byte that is not UTF-8: type it in UTF-8")
     n, corpus_sha256 = count_lines(args.corpus, "--corpus")
     tok, model = Tokenizer.from_pretrained(args.model), Bert.from_pretrained(args.model).to(device)
     if args.vectors:  # encode's .npy, mapped (never read whole), checked against its JSON
@@ -3165,9 +3140,8 @@ def run_search(args):
 
 
 def read_vectors(args, model, corpus_sha256, n):
-    """--vectors, believed as far as it is checked, before any ranking [issue 52]: its JSON (by
-    encode) describes it byte for byte and names this --model, --pooler and --corpus; the array is
-    float32 [lines, H], every row finite. -> the array, mapped (never read whole)."""
+    """--vectors, mapped, believed as far as checked before any ranking [issue 52]: its JSON says
+    its bytes, --model, --pooler and --corpus; float32 [lines, H], every row finite."""
     path = Path(args.vectors).expanduser()
     if why := path_problem(path):  # a FIFO would wait forever
         raise UserError(f"--vectors {args.vectors} {why}")
@@ -3185,13 +3159,11 @@ def read_vectors(args, model, corpus_sha256, n):
     except (OSError, ValueError) as e:
         raise UserError(f"--vectors {args.vectors}: not an array numpy can map "
                         f"({type(e).__name__}); encode again") from None
-    if corpus.dtype != np.float32 or corpus.shape != (n, model.cfg.hidden_size):
-        raise UserError(f"--vectors {args.vectors} holds {corpus.dtype} {corpus.shape}, not "
-                        f"float32 ({n}, {model.cfg.hidden_size}): a row per --corpus line")
-    for start in range(0, n, CHUNK_LINES):
-        if not np.isfinite(corpus[start:start + CHUNK_LINES]).all():
-            raise UserError(f"--vectors {args.vectors}: rows from {start + 1} hold NaN or "
-                            f"infinity; encode again with a sound model")
+    bad = corpus.dtype != np.float32 or corpus.shape != (n, model.cfg.hidden_size)
+    starts = range(0, n, CHUNK_LINES)  # a chunk at a time: never the whole array in memory
+    if bad or not all(np.isfinite(corpus[i:i + CHUNK_LINES]).all() for i in starts):
+        raise UserError(f"--vectors {args.vectors}: {corpus.dtype} {corpus.shape}, not float32 "
+                        f"({n}, {model.cfg.hidden_size}) and finite (no NaN): encode again")
     return corpus
 
 
@@ -3206,8 +3178,7 @@ def read_sts_pairs(path, flag):
     for n, row in rows:
         if len(row) != 3 or not SCORE.fullmatch(row[2]) or not math.isfinite(float(row[2])):
             raise UserError(f"{flag} {path} line {n}: {len(row)} column(s), the last "
-                            f"{row[-1][:20]!r}; a row is sentence 1, sentence 2, a finite score "
-                            f"(tab)")
+                            f"{row[-1][:20]!r}; a row is sentence 1, sentence 2, a finite score")
     if len(rows) < 2:
         raise UserError(f"{flag} {path}: {len(rows)} scored pair(s); a Spearman needs 2 at least")
     if len({float(row[2]) for _, row in rows}) == 1:
@@ -3434,7 +3405,6 @@ def check_cli_inputs(args, names, modes, runs=()):
     """Every input checked before any work (the first problem: one UserError line); then the
     output's folder is made. -> (device, SentEval root, the runs loaded)"""
     device = resolve_device(args.device)
-    args.through = []  # outputs written through (a pipe, a device), not replaced
     for flag in ("batch_size", "top_k"):  # search's top_k
         if getattr(args, flag, 1) < 1:
             raise UserError(f"--{flag} {getattr(args, flag)}: must be at least 1")
@@ -3451,22 +3421,18 @@ def check_cli_inputs(args, names, modes, runs=()):
         written = {"analyze": [p / n for n in ANALYSIS_FILES], "eval": [p],
                    "encode": [p, p.with_suffix(".json")]}[args.command]
         if p.suffix == ".json" and args.command == "encode":  # its JSON would replace it
-            raise UserError(f"--out {out}: the vectors' name, not the JSON's (that goes beside "
-                            f"it): e.g. {p.with_suffix('.npy').name}")
-        read = [*names, *(r["path"] for r in runs), *inputs.values()]
-        through = args.command == "eval"  # --json onto a pipe or /dev/null: written through
-        args.through = [w for w in written if check_output(flag, w, read, through=through)]
+            raise UserError(f"--out {out}: name the vectors, e.g. {p.stem}.npy (the JSON: beside)")
+        read = [*names, *(r["path"] for r in runs), *inputs.values()]  # the one output rule
+        args.through = [w for w in written if check_output(flag, w, read, through=flag == "--json")]
         folder = p if is_dir else p.parent  # where the output goes
         base = next(a for a in (folder, *folder.parents) if a.exists())  # its nearest existing part
-        if args.through:  # a pipe or a device: nothing to make there
-            folder = None
-        elif p.exists() and p.is_dir() != is_dir or not (base.is_dir() and
-                                                         os.access(base, os.W_OK)):
+        if not args.through and (p.exists() and p.is_dir() != is_dir or not (  # a pipe: is
+                base.is_dir() and os.access(base, os.W_OK))):  # there, and its folder too
             raise UserError(f"{flag} {out}: cannot write a {'folder' if is_dir else 'file'} there")
     root = resolve_senteval(args.senteval, modes[0]) if modes else None  # else a download
     for mode in modes[1:]:
         check_senteval(root, mode)
-    if out and folder:
+    if out:
         folder.mkdir(parents=True, exist_ok=True)
     return device, root, runs
 

@@ -6,6 +6,7 @@ import json
 import os
 import random
 import signal
+import sys
 import time
 
 import numpy as np
@@ -94,8 +95,9 @@ def test_search_believes_only_what_it_checks(world, tmp_path, capsys):
                                              str(tmp_path / "v.npy"), "--query", "a", "--pooler",
                                              "avg")
     about = json.loads((tmp_path / "v.json").read_text())
-    for bad, why in ((np.full((3, 32), np.nan, "<f4"), "NaN"), (np.zeros((2, 32), "<f4"), "(2, 32)"),
-                     (np.zeros((3, 32), "<f8"), "float64"), (np.array([{}] * 3), "not an array")):
+    for bad, why in ((np.full((3, 32), np.nan, "<f4"), "NaN"),
+                     (np.zeros((2, 32), "<f4"), "(2, 32)"), (np.zeros((3, 32), "<f8"), "float64"),
+                     (np.array([{}] * 3), "not an array")):
         np.save(tmp_path / "v.npy", bad, allow_pickle=True)  # and a JSON that describes it
         seen = {"npy_bytes": os.path.getsize(tmp_path / "v.npy"),
                 "npy_sha256": common.sha256_file(tmp_path / "v.npy")}
@@ -104,6 +106,18 @@ def test_search_believes_only_what_it_checks(world, tmp_path, capsys):
                       str(tmp_path / "c.txt"), "--vectors", str(tmp_path / "v.npy"), "--query",
                       "a", "--pooler", "avg")
         assert why in err and "allow_pickle" not in err, err
+
+
+def test_encode_takes_the_lock_the_other_writers_take(world, tmp_path, capsys):
+    encode(world, tmp_path)
+    held = common.lock_folder(tmp_path)  # as a second encode (or a run) there would hold it
+    try:
+        assert "in use by another run or encode" in refused(
+            capsys, "encode", "--model", world["model"], "--input", str(tmp_path / "c.txt"),
+            "--out", str(tmp_path / "v.npy"), "--pooler", "avg")
+    finally:
+        os.close(held)
+    search(world, tmp_path)
 
 
 def test_a_stopped_or_failed_encode_keeps_the_old_pair(world, tmp_path, capsys, monkeypatch):
@@ -115,12 +129,16 @@ def test_a_stopped_or_failed_encode_keeps_the_old_pair(world, tmp_path, capsys, 
         signal.raise_signal(signal.SIGTERM)
         return real(*args, **kw)
     monkeypatch.setattr(common, "encode_sentences", stopped_halfway)
-    assert "encode stopped" in refused(capsys, "encode", "--model", world["model"], "--input",
-                                       str(tmp_path / "c.txt"), "--out", str(tmp_path / "v.npy"),
-                                       "--pooler", "avg")
+    with pytest.raises(SystemExit) as stop:  # on main, SIGTERM ended pytest: a handler
+        before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # to see it
+        try:
+            cli("encode", "--model", world["model"], "--input", str(tmp_path / "c.txt"), "--out",
+                str(tmp_path / "v.npy"), "--pooler", "avg")
+        finally:
+            assert signal.signal(signal.SIGTERM, before) is not signal.default_int_handler
+    assert stop.value.code == 130 and capsys.readouterr().err == "interrupted\n"
     assert {n: (tmp_path / n).read_bytes() for n in pair} == pair
     assert sorted(os.listdir(tmp_path)) == ["c.txt", "v.json", "v.npy"]
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     monkeypatch.undo()
     search(world, tmp_path)
 
