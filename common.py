@@ -789,8 +789,8 @@ def main_guard(fn, *args):
         if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             raise
         print(f"error: no room to write {e.filename or 'a file'} ({e.strerror}): the disk or quota "
-              f"is full; what was saved before is intact: free space, then run again or --resume",
-              file=sys.stderr)
+              f"is full; what was saved before is intact: free space, then run again (training: "
+              f"--resume)", file=sys.stderr)
         sys.exit(2)
     except UserError as e:
         if e.exit_code == 0:  # --resume of a finished run: said once, not an error
