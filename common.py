@@ -1724,29 +1724,23 @@ def check_names(args, flags):
 
 def check_output(flag, path, inputs=(), own=None, through=False):
     """The one rule for every output [issue 40, issue 52]: eval --json, encode --out and its JSON,
-    analyze --out's files, out_dir (`own`: a run's own folder). Refused in one line naming the
-    flag, before any work: a name the file system cannot hold, an input of the same command (or a
-    file inside an input folder), anything inside a model folder, a run's folder or SentEval's. A
-    link, FIFO or device is written through (`through`: a pipe, /dev/null, >(jq .)) or refused,
-    never replaced. -> True: write through it (no temporary file beside it)."""
+    analyze --out's files, out_dir's (`own`: the run's folder). Refused in one line naming the flag,
+    before any work: a name the file system cannot hold, an input of the same command (a model
+    folder's MODEL_FILES too), a file a run or a model folder holds (OUTPUTS), anything under
+    SentEval. A link, FIFO or device is written through (`through`: a pipe, /dev/null, >(jq .)) or
+    refused, never replaced. -> True: write through it (no temporary file beside it)."""
     p = Path(path).expanduser().absolute()
     if why := name_problem(p):
         raise UserError(f"{flag} {str(path).encode('utf-8', 'backslashreplace').decode()} {why}")
     real = Path(os.path.realpath(p))  # links resolved; a loop stays as it is
-    if own:
-        own = Path(os.path.realpath(own))
     read = [Path(os.path.realpath(Path(i).expanduser())) for i in inputs if i]
-    for i in read:
-        files = [i / n for n in MODEL_FILES] if i.is_dir() else []
-        if real == i or real in files or i.is_dir() and i in real.parents:
-            raise UserError(f"{flag}: {path} is one of this command's inputs (a model, the data "
-                            f"or SentEval) or in its folder; writing there would destroy it: "
+    if any(real == i or real in [i / n for n in MODEL_FILES] for i in read):
+        raise UserError(f"{flag}: {path} is one of this command's inputs (a model, the data or "
+                        f"SentEval); writing there would destroy it: pick another {flag}")
+    for folder in (f for f in real.parents if not own or f != Path(os.path.realpath(own))):
+        if what := owner(folder, real.relative_to(folder)):
+            raise UserError(f"{flag} {path} is {what} {folder}'s, not this command's to write: "
                             f"pick another {flag}")
-    for folder in (f for f in real.parents[:2] if f != own):  # its folder, or 1_Pooling's
-        what = owner(folder)
-        if what:
-            raise UserError(f"{flag} {path} is inside {what} {folder}, whose files are not this "
-                            f"command's to write: pick another {flag}")
     if os.path.lexists(p) and not own and not stat.S_ISREG(os.lstat(p).st_mode):
         kind = os.stat(p).st_mode if os.path.exists(p) else 0
         if through and (stat.S_ISFIFO(kind) or stat.S_ISCHR(kind)):
@@ -1756,17 +1750,20 @@ def check_output(flag, path, inputs=(), own=None, through=False):
     return False
 
 
-def owner(folder):
-    """'a model folder', 'a training run's folder', 'SentEval's folder' or '' (anybody's)."""
+def owner(folder, name):
+    """Whose `name` inside `folder` is: SentEval's (anything in it), a training run's or a model
+    folder's (a file such a folder holds: OUTPUTS), or '' (the user's)."""
+    if (folder / "STS").is_dir() and (folder / "SICK").is_dir():  # downstream/ [senteval.tar]
+        return "in SentEval's folder"
+    if (folder / "downstream" / "STS").is_dir():
+        return "in SentEval's folder"
+    if str(name) not in OUTPUTS:  # a file of the user's own there (eval.json): theirs to write
+        return ""
     if any((folder / n).is_file() for n in ("results.json", "checkpoint.pt")):
-        return "a training run's folder"
+        return f"{name} of the training run in"
     weights = [folder / n for n in ("model.safetensors", "pytorch_model.bin")]
     if (folder / "config.json").is_file() and any(w.is_file() for w in weights):
-        return "a model folder"
-    if (folder / "STS").is_dir() and (folder / "SICK").is_dir():  # downstream/ [senteval.tar]
-        return "SentEval's folder"
-    if (folder / "downstream" / "STS").is_dir():
-        return "SentEval's folder"
+        return f"{name} of the model folder"
     return ""
 
 

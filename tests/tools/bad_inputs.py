@@ -760,7 +760,8 @@ def believed_cases(tmp, world, base, data):
     return [
         ("encode: --out beside a JSON encode did not write", "common",
          encode + [str(tmp / "package.npy")], 2, True),
-        ("encode: --out inside a model folder", "common", encode + [f"{model}/x.npy"], 2, True),
+        ("encode: --out whose JSON is a model folder's", "common",
+         encode + [f"{model}/special_tokens_map.npy"], 2, True),
         ("encode: --out inside SentEval", "common",
          encode + [f"{world['senteval']}/STS/x.npy"], 2, True),
         ("encode: --out a device (/dev/null)", "common", encode + ["/dev/null"], 2, True),
