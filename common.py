@@ -1739,7 +1739,7 @@ def check_output(flag, path, inputs=(), own=None, through=False):
                         f"SentEval); writing there would destroy it: pick another {flag}")
     for folder in (f for f in real.parents if not own or f != Path(os.path.realpath(own))):
         if what := owner(folder, real.relative_to(folder)):
-            raise UserError(f"{flag} {path} is {what} {folder}'s, not this command's to write: "
+            raise UserError(f"{flag} {path}: {what} {folder}, not this command's to write: "
                             f"pick another {flag}")
     if os.path.lexists(p) and not own and not stat.S_ISREG(os.lstat(p).st_mode):
         kind = os.stat(p).st_mode if os.path.exists(p) else 0
@@ -1754,16 +1754,16 @@ def owner(folder, name):
     """Whose `name` inside `folder` is: SentEval's (anything in it), a training run's or a model
     folder's (a file such a folder holds: OUTPUTS), or '' (the user's)."""
     if (folder / "STS").is_dir() and (folder / "SICK").is_dir():  # downstream/ [senteval.tar]
-        return "in SentEval's folder"
+        return "a file in SentEval's folder"
     if (folder / "downstream" / "STS").is_dir():
-        return "in SentEval's folder"
+        return "a file in SentEval's folder"
     if str(name) not in OUTPUTS:  # a file of the user's own there (eval.json): theirs to write
         return ""
     if any((folder / n).is_file() for n in ("results.json", "checkpoint.pt")):
-        return f"{name} of the training run in"
+        return "a file of the training run in"
     weights = [folder / n for n in ("model.safetensors", "pytorch_model.bin")]
     if (folder / "config.json").is_file() and any(w.is_file() for w in weights):
-        return f"{name} of the model folder"
+        return "a file of the model folder"
     return ""
 
 
@@ -3418,7 +3418,7 @@ def check_cli_inputs(args, names, modes, runs=()):
         written = {"analyze": [p / n for n in ANALYSIS_FILES], "eval": [p],
                    "encode": [p, p.with_suffix(".json")]}[args.command]
         if p.suffix == ".json" and args.command == "encode":  # its JSON would replace it
-            raise UserError(f"--out {out}: name the vectors, e.g. {p.stem}.npy (the JSON: beside)")
+            raise UserError(f"--out {out} is the JSON's name: name the vectors ({p.stem}.npy)")
         read = [*names, *(r["path"] for r in runs), *inputs.values()]  # the one output rule
         args.through = [w for w in written if check_output(flag, w, read, through=flag == "--json")]
         folder = p if is_dir else p.parent  # where the output goes
