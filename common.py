@@ -816,9 +816,8 @@ DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F
 
 @contextlib.contextmanager
 def atomic_write(path, mode="w"):
-    """Write a file with no name (Linux's O_TMPFILE: a SIGKILL leaves nothing [open(2)]) or, where
-    there is none, a temporary name beside `path`; then rename it over: no reader sees a partial
-    file [issue 52]."""
+    """Write a file with no name (Linux's O_TMPFILE: a SIGKILL leaves nothing [open(2)]), else a
+    temporary name beside `path`; then rename it over: no reader sees a partial file [issue 52]."""
     path = Path(path)
     tmp = None  # the temporary name, when there is one
     try:
@@ -1700,38 +1699,30 @@ def check_out_dir(out, overwrite):
 NAME_MAX = 255  # bytes in one name of a path [POSIX limits.h; ext4, xfs, btrfs, tmpfs]
 
 
-def name_problem(path):
-    """'' if every name in `path` fits the file system and is UTF-8 (the log and JSON files hold
-    it), else what is wrong: one line before any work, not an OSError later [issue 52]."""
-    for part in Path(path).parts:
-        try:  # a byte that is not UTF-8 arrives as a lone surrogate [PEP 383]
-            size = len(part.encode("utf-8"))
-        except UnicodeEncodeError:
-            return f"has a name that is not UTF-8 ({part!a}): rename it"
-        if size > NAME_MAX:
-            return f"has a name of {size} bytes, more than the {NAME_MAX} a file system holds"
-    return ""
+def check_name(flag, path):
+    """A path with a name the file system cannot hold (over NAME_MAX bytes) or not UTF-8 (the log
+    and the JSON files hold it): one line naming the flag before any work, not an OSError later."""
+    for part in Path(path).expanduser().parts:
+        raw = part.encode("utf-8", "surrogatepass")  # a byte not UTF-8 is a surrogate [PEP 383]
+        if len(raw) > NAME_MAX or raw.decode("utf-8", "replace") != part:
+            shown = str(path).encode("utf-8", "backslashreplace").decode()  # printable
+            raise UserError(f"{flag} {shown} has a name of {len(raw)} bytes or not UTF-8; the "
+                            f"file system holds {NAME_MAX} bytes of UTF-8: rename it")
 
 
 def check_names(args, flags):
-    """Every path flag's name, checked (name_problem) before any file or folder is looked at."""
+    """Every path flag's name (check_name), before any file or folder is looked at [issue 52]."""
     for flag in flags:
-        value = getattr(args, flag, "")
-        if value and (why := name_problem(Path(value).expanduser())):
-            shown = value.encode("utf-8", "backslashreplace").decode()  # printable
-            raise UserError(f"--{flag} {shown} {why}")
+        check_name(f"--{flag}", getattr(args, flag, "") or "")
 
 
 def check_output(flag, path, inputs=(), own=None, through=False):
-    """The one rule for every output [issue 40, issue 52]: eval --json, encode --out and its JSON,
-    analyze --out's files, out_dir's (`own`: the run's folder). Refused in one line naming the flag,
-    before any work: a name the file system cannot hold, an input of the same command (a model
-    folder's MODEL_FILES too), a file a run or a model folder holds (OUTPUTS), anything under
-    SentEval. A link, FIFO or device is written through (`through`: a pipe, /dev/null, >(jq .)) or
-    refused, never replaced. -> True: write through it (no temporary file beside it)."""
+    """The one rule of every output (--json, --out, out_dir's files; `own`: the run's folder), one
+    line before any work [issue 40, 52]: never an input of the command, a file a run or a model
+    folder holds (OUTPUTS), anything under SentEval; a link, FIFO or device is written through
+    (`through`: a pipe, /dev/null) or refused, never replaced. -> True: write through it."""
+    check_name(flag, path)
     p = Path(path).expanduser().absolute()
-    if why := name_problem(p):
-        raise UserError(f"{flag} {str(path).encode('utf-8', 'backslashreplace').decode()} {why}")
     real = Path(os.path.realpath(p))  # links resolved; a loop stays as it is
     read = [Path(os.path.realpath(Path(i).expanduser())) for i in inputs if i]
     if any(real == i or real in [i / n for n in MODEL_FILES] for i in read):
@@ -1751,12 +1742,9 @@ def check_output(flag, path, inputs=(), own=None, through=False):
 
 
 def owner(folder, name):
-    """Whose `name` inside `folder` is: SentEval's (anything in it), a training run's or a model
-    folder's (a file such a folder holds: OUTPUTS), or '' (the user's)."""
-    if (folder / "STS").is_dir() and (folder / "SICK").is_dir():  # downstream/ [senteval.tar]
-        return "a file in SentEval's folder"
-    if (folder / "downstream" / "STS").is_dir():
-        return "a file in SentEval's folder"
+    """Whose `name` in `folder` is: SentEval's, a run's or a model's (OUTPUTS), or '' (yours)."""
+    if all((folder / d).is_dir() for d in ("STS", "SICK")) or (folder / "downstream/STS").is_dir():
+        return "a file in SentEval's folder"  # downstream/ or the folder above [senteval.tar]
     if str(name) not in OUTPUTS:  # a file of the user's own there (eval.json): theirs to write
         return ""
     if any((folder / n).is_file() for n in ("results.json", "checkpoint.pt")):
@@ -2310,8 +2298,7 @@ def log_dev(run, step, dev, stats, best):
             f"{best['dev']:.2f} @ {best['step']} | {pace} | eval {run.eval_times[-1]:.1f} s")
     tie = dev["stsb_dev"] == best["dev"] or math.isnan(dev["stsb_dev"])  # constant scores: NaN
     if tie and best["step"] != step:  # [issue 52]
-        run.log(f"step {step} | {label} {dev['stsb_dev']:.2f} ties the best or is undefined: "
-                f"step {best['step']}'s, the first, is kept")
+        run.log(f"step {step} | a tie or no score: the first best, step {best['step']}, is kept")
 
 
 def read_dev_pairs(run):

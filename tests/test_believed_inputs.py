@@ -84,7 +84,7 @@ def test_inputs_are_bounded_and_names_checked_first(world, tmp_path, capsys):
     long = str(tmp_path / ("a" * 300))
     for argv in (["encode", "--model", world["model"], "--input", str(tmp_path / "c.txt"),
                   "--out", long + ".npy"], ["eval", "--model", long]):
-        assert "more than the 255" in one_line(capsys, argv + ["--device", "cpu"])
+        assert "bytes or not UTF-8" in one_line(capsys, argv + ["--device", "cpu"])
     bad = str(tmp_path / "run-\udcff")  # a byte that is not UTF-8, as Python holds it
     for flag in ("--out_dir", "--dev_file", "--data"):
         argv = [*sum(([f"--{k}", v] for k, v in world.items()), []), flag, bad]

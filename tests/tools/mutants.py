@@ -568,8 +568,9 @@ MUTANTS = [
            ["test_inputs.py"]),
     # --- Issue 52: what encode, search, --sts_file and --dev_file write, read and believe -------
     Mutant("output-in-senteval", C,
-           "if (folder / \"STS\").is_dir() and (folder / \"SICK\").is_dir():  # downstream/",
-           "if False:  # downstream/",
+           "if all((folder / d).is_dir() for d in (\"STS\", \"SICK\")) or "
+           "(folder / \"downstream/STS\")",
+           "if False or (folder / \"downstream/STS\")",
            "encode and eval --json write inside SentEval's folder",
            [EP + "test_every_output_is_named_and_owned"]),
     Mutant("output-device-replaced", C,
@@ -638,8 +639,8 @@ MUTANTS = [
            "a 20 MB line encoded whole",
            [BI + "test_inputs_are_bounded_and_names_checked_first"]),
     Mutant("names-unchecked", C,
-           "if size > NAME_MAX:",
-           "if False:",
+           "if len(raw) > NAME_MAX or raw.decode(\"utf-8\", \"replace\") != part:",
+           "if raw.decode(\"utf-8\", \"replace\") != part:",
            "a 300-character --out: OSError: File name too long",
            [BI + "test_inputs_are_bounded_and_names_checked_first"]),
     Mutant("broken-pipe-traceback", C,
