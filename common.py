@@ -543,8 +543,12 @@ def evaluate_dev(model, dev, pooler="cls_before_pooler", progress=None):
 
 def keep_best(best, step, dev, model):
     """The best STS-B dev score so far, its step and the model's state then, in memory: the test
-    table and the saved model use it [official: load_best_model_at_end]. NaN is never best."""
-    if dev > best["dev"]:
+    table and the saved model use it [official: load_best_model_at_end]. The first evaluation is
+    kept whatever it scores; then a higher score only, so a tie or a NaN (constant scores) keeps
+    the first best, and the best step is never -inf [issue 52]."""
+    first = best["state"] is None
+    defined = math.isnan(best["dev"]) and not math.isnan(dev)  # a score beats an undefined one
+    if first or defined or dev > best["dev"]:
         best.update(dev=dev, step=step, state={k: v.detach().clone()
                                                for k, v in model.state_dict().items()})
 
@@ -765,12 +769,15 @@ import datetime
 import difflib
 import errno
 import gc
+import glob
 import hashlib
 import http.client
 import inspect
+import io
 import itertools
 import json
 import os
+import secrets
 import shutil
 import signal
 import stat
@@ -816,12 +823,15 @@ def main_guard(fn, *args):
     CAUGHT.clear()  # a new command: nothing caught yet
     try:
         result = fn(*args)
+    except BrokenPipeError:  # `search --json | head -n 1`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # [Python docs: SIGPIPE]
+        sys.exit(1)
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             raise
         print(f"error: no room to write {e.filename or 'a file'} ({e.strerror}): the disk or quota "
-              f"is full; what was saved before is intact: free space, then run again or --resume",
-              file=sys.stderr)
+              f"is full; what was saved before is intact: free space, then run again (training: "
+              f"--resume)", file=sys.stderr)
         sys.exit(2)
     except UserError as e:
         if e.exit_code == 0:  # --resume of a finished run: said once, not an error
@@ -862,27 +872,39 @@ DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F
 
 @contextlib.contextmanager
 def atomic_write(path, mode="w"):
-    """Write a temporary file beside `path`, then rename it over: no reader sees a partial file."""
+    """Write a file with no name (Linux's O_TMPFILE: a SIGKILL leaves nothing [open(2)]), else a
+    temporary name beside `path`; then rename it over: no reader sees a partial file [issue 52]."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = None  # the temporary name, when there is one
     try:
+        fd = os.open(path.parent, os.O_TMPFILE | os.O_WRONLY, 0o666)  # the umask applies
+    except (AttributeError, OSError):  # not Linux, or a file system without unnamed files
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         os.chmod(tmp, 0o666 & ~UMASK)  # the user's usual permissions, not mkstemp's 0600
+    try:
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
+            if tmp is None:  # a name for a moment, beside `path` (open_out_dir clears such names)
+                tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+                fd = f.fileno()  # a dir_fd makes CPython call linkat(AT_SYMLINK_FOLLOW), which
+                os.link(f"/proc/self/fd/{fd}", tmp, src_dir_fd=fd)  # an absolute path ignores
         os.replace(tmp, path)
     except BaseException as e:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         if isinstance(e, OSError) and e.filename is None:
             e.filename = str(path)  # a full disk: say which file
         raise
 
 
-def write_json(path, obj, indent=2):
-    """Strict JSON, written atomically: NaN and infinities (an undefined score) become null."""
+def write_json(path, obj, indent=2, through=False):
+    """Strict JSON, written atomically (`through`: into a pipe or device, as it is): NaN and
+    infinities (an undefined score) become null."""
     obj = json.loads(json.dumps(obj), parse_constant=lambda name: None)  # NaN, Infinity -> None
-    with atomic_write(path) as f:
+    place = open(path, "w", encoding="utf-8") if through else atomic_write(path)
+    with place as f:
         f.write(json.dumps(obj, indent=indent, allow_nan=False) + "\n")  # text: a last newline
 
 
@@ -1892,18 +1914,63 @@ def check_out_dir(out, overwrite):
 PROJECT = Path(__file__).resolve().parent  # this project's folder: never an out_dir
 
 
-def check_writes_no_input(flag, outputs, inputs):
-    """A path the command writes (outputs) that it also reads (inputs: files, or folders: then the
-    folder and its MODEL_FILES), links resolved: one line naming the flag, before any write."""
-    def real(p):  # a symlink loop stays as it is (Path.resolve raises on one)
-        return Path(os.path.realpath(Path(p).expanduser()))
-    read = set()
-    for p in (real(p) for p in inputs if p):
-        read |= {p, *(real(p / n) for n in (MODEL_FILES if p.is_dir() else ()))}
-    for p in outputs:
-        if real(p) in read:
-            raise UserError(f"{flag}: {p} is one of this command's inputs (a model, the data or "
-                            f"SentEval); writing there would destroy it: pick another {flag}")
+NAME_MAX = 255  # bytes in one name of a path [POSIX limits.h; ext4, xfs, btrfs, tmpfs]
+
+
+def check_name(flag, path):
+    """A path with a name the file system cannot hold (over NAME_MAX bytes) or not UTF-8 (the log
+    and the JSON files hold it): one line naming the flag before any work, not an OSError later."""
+    for part in Path(path).expanduser().parts:
+        raw = part.encode("utf-8", "surrogatepass")  # a byte not UTF-8 is a surrogate [PEP 383]
+        if len(raw) > NAME_MAX or raw.decode("utf-8", "replace") != part:
+            shown = str(path).encode("utf-8", "backslashreplace").decode()  # printable
+            raise UserError(f"{flag} {shown} has a name of {len(raw)} bytes or not UTF-8; the "
+                            f"file system holds {NAME_MAX} bytes of UTF-8: rename it")
+
+
+def check_names(args, flags):
+    """Every path flag's name (check_name), before any file or folder is looked at [issue 52]."""
+    for flag in flags:
+        check_name(f"--{flag}", getattr(args, flag, "") or "")
+
+
+def check_output(flag, path, inputs=(), own=None, through=False):
+    """The one rule of every output (--json, --out, out_dir's files; `own`: the run's folder), one
+    line before any work [issue 40, 52]: never an input of the command, a file a run or a model
+    folder holds (OUTPUTS), anything under SentEval; a link, FIFO or device is written through
+    (`through`: a pipe, /dev/null) or refused, never replaced. -> True: write through it."""
+    check_name(flag, path)
+    p = Path(path).expanduser().absolute()
+    real = Path(os.path.realpath(p))  # links resolved; a loop stays as it is
+    read = [Path(os.path.realpath(Path(i).expanduser())) for i in inputs if i]
+    if any(real == i or real in [i / n for n in MODEL_FILES] for i in read):
+        raise UserError(f"{flag}: {path} is one of this command's inputs (a model, the data or "
+                        f"SentEval); writing there would destroy it: pick another {flag}")
+    for folder in (f for f in real.parents if not own or f != Path(os.path.realpath(own))):
+        if what := owner(folder, real.relative_to(folder)):
+            raise UserError(f"{flag} {path}: {what} {folder}, not this command's to write: "
+                            f"pick another {flag}")
+    if os.path.lexists(p) and not own and not stat.S_ISREG(os.lstat(p).st_mode):
+        kind = os.stat(p).st_mode if os.path.exists(p) else 0
+        if through and (stat.S_ISFIFO(kind) or stat.S_ISCHR(kind)):
+            return True
+        raise UserError(f"{flag} {path} is not a regular file (a link, folder, FIFO or device), "
+                        f"which would be replaced: name a new file")
+    return False
+
+
+def owner(folder, name):
+    """Whose `name` in `folder` is: SentEval's, a run's or a model's (OUTPUTS), or '' (yours)."""
+    if all((folder / d).is_dir() for d in ("STS", "SICK")) or (folder / "downstream/STS").is_dir():
+        return "a file in SentEval's folder"  # downstream/ or the folder above [senteval.tar]
+    if str(name) not in OUTPUTS:  # a file of the user's own there (eval.json): theirs to write
+        return ""
+    if any((folder / n).is_file() for n in ("results.json", "checkpoint.pt")):
+        return "a file of the training run in"
+    weights = [folder / n for n in ("model.safetensors", "pytorch_model.bin")]
+    if (folder / "config.json").is_file() and any(w.is_file() for w in weights):
+        return "a file of the model folder"
+    return ""
 
 
 def check_positions(model, max_len, extra=0, flag="--model"):
@@ -2098,7 +2165,7 @@ def torchrun_rank():
     return int(rank)
 
 
-def lock_folder(out):
+def lock_folder(out, flag="--out_dir"):
     """The out_dir's lock (hold_lock), taken before out_dir is checked (two runs started together
     cannot both pass) -> its descriptor, or None (no folder yet: open_out_dir makes it; not POSIX;
     a torchrun rank above 0: rank 0 holds it)."""
@@ -2107,8 +2174,8 @@ def lock_folder(out):
     try:
         return hold_lock(out)[0]
     except BlockingIOError:
-        raise UserError(f"--out_dir {out} is in use by another run that is still going: wait "
-                        f"for it, or pick another --out_dir") from None
+        raise UserError(f"{flag} {out} is in use by another run or encode that is still going: "
+                        f"wait for it, or pick another {flag}") from None
 
 
 def out_dir_of(cfg, method):
@@ -2181,10 +2248,11 @@ def read_resumed_run(cfg, method):
         if type(saved) is not type(f.default) and {type(saved), type(f.default)} != {int, float}:
             raise CheckpointError(f"{out / 'checkpoint.pt'}: its config has {f.name}={saved!r}, "
                                   f"not a {type(f.default).__name__}")
+        typed = given != f.default or f.name in getattr(cfg, "typed", ())  # [issue 52: --test]
         if f.name in ("resume", "overwrite", "out_dir") or (
-                f.name in ("device", "precision", "senteval", "save_every") and given != f.default):
+                f.name in ("device", "precision", "senteval", "save_every") and typed):
             continue
-        if given != f.default and given != saved:
+        if typed and given != saved:
             raise UserError(f"--{f.name} {given} contradicts the resumed run's {saved}: a resumed "
                             f"run keeps its configuration (leave the flag out)")
         setattr(cfg, f.name, saved)
@@ -2278,6 +2346,9 @@ def restore_checkpoint(run, checkpointed):
         raise UserError(f"--resume {run.out}: the tokenizer of {run.cfg.model} changed since the "
                         f"run started (its vocabulary, ids or merges); resume with the model "
                         f"folder it was started on")
+    if ckpt.get("dev_sha256", run.dev_sha256) != run.dev_sha256:  # the pairs that pick the best
+        raise UserError(f"--resume {run.out}: the --dev_file {run.cfg.dev_file} changed since the "
+                        f"run started (its SHA-256 differs); resume with the pairs it started on")
     if (ckpt.get("rows"), ckpt.get("total")) != (run.n_rows, run.total):
         raise UserError(f"--resume {run.out}: the data has {run.n_rows} rows / {run.total} steps "
                         f"now but {ckpt.get('rows')} / {ckpt.get('total')} in the checkpoint")
@@ -2327,7 +2398,7 @@ def save_checkpoint(run, step, checkpointed, stats):
     try:
         state = {"format": 5, "method": run.method, "step": step, "total": run.total,
                  "rows": run.n_rows, "data_sha256": run.data_sha256, "rng": rng_states(),
-                 "tokenizer_sha256": run.tokenizer_sha256,
+                 "tokenizer_sha256": run.tokenizer_sha256, "dev_sha256": run.dev_sha256,
                  "device": run.device.type, "config": dataclasses.asdict(run.cfg),
                  "stats": {k: float(v) for k, v in stats.items()},
                  "objects": {k: state_of(v) for k, v in checkpointed.items() if v is not None},
@@ -2502,6 +2573,17 @@ def log_dev(run, step, dev, stats, best):
     run.log(f"step {step} | {format_stats(run, stats)} | {label} {dev['stsb_dev']:.2f} "
             f"| align {dev['align']:.4f} uniform {dev['uniform']:.4f} | best "
             f"{best['dev']:.2f} @ {best['step']} | {pace} | eval {run.eval_times[-1]:.1f} s")
+    tie = dev["stsb_dev"] == best["dev"] or math.isnan(dev["stsb_dev"])  # constant scores: NaN
+    if tie and best["step"] != step:  # [issue 52]
+        run.log(f"step {step} | a tie or no score: the first best, step {best['step']}, is kept")
+
+
+def read_dev_pairs(run):
+    """The pairs that pick the best step: --dev_file's (its SHA-256 for --resume) or STS-B dev."""
+    run.dev_name = run.cfg.dev_file or "STS-B dev"
+    run.dev_sha256 = run.cfg.dev_file and sha256_file(Path(run.cfg.dev_file).expanduser())
+    run.dev_pairs = read_sts_pairs(run.cfg.dev_file, "--dev_file") if run.cfg.dev_file else \
+        load_sts(run.senteval, "dev")["STSBenchmark"]["dev"]
 
 
 class Run:
@@ -2521,6 +2603,7 @@ class Run:
     def __init__(self, cfg, script, models=("model",)):
         self.cfg = cfg
         self.method = method = Path(script).stem.removesuffix("_min")  # simcse, ..., diffcse
+        check_names(cfg, ["out_dir", "resume", "data", "dev_file", "senteval", *models])
         self.log_lines = []  # the log waits for start()
         self.out = out_dir_of(cfg, method)
         self.out_existed = self.out.is_dir()
@@ -2530,8 +2613,9 @@ class Run:
         self.device = init_distributed(resolve_device(cfg.device))  # under torchrun: this rank's
         self.rank, self.world_size = world()
         check_inputs(cfg, models, self.world_size)  # the first bad flag or input: one line
-        check_writes_no_input("--out_dir", [self.out, *(self.out / n for n in OUTPUTS)], [
-            cfg.data, cfg.senteval, cfg.dev_file, *(getattr(cfg, f) for f in models)])
+        for path in [self.out, *(self.out / n for n in OUTPUTS)]:  # the one rule of outputs
+            check_output("--out_dir", path, [cfg.data, cfg.senteval, cfg.dev_file,
+                                             *(getattr(cfg, f) for f in models)], own=self.out)
         check_compile(cfg.compile, self.device)
         torch.manual_seed(cfg.seed + self.rank)  # dropout; data order and views have their own RNGs
         self.signal = self.first_step = 0  # the signal caught; this process's first step
@@ -2543,9 +2627,7 @@ class Run:
         self.amp = MixedPrecision(precision, self.device)
         self.log(f"precision {precision}: {why}")
         self.senteval = run_senteval(cfg)  # None: --dev_file and --test none read none
-        self.dev_name = cfg.dev_file or "STS-B dev"  # the pairs that pick the best step
-        self.dev_pairs = read_sts_pairs(cfg.dev_file, "--dev_file") if cfg.dev_file else \
-            load_sts(self.senteval, "dev")["STSBenchmark"]["dev"]
+        read_dev_pairs(self)
         self.dev_history, self.stats_history, self.align_uniform, self.eval_times = [], [], [], []
         self.started = self.last_print = time.time()
 
@@ -3188,52 +3270,98 @@ CHUNK_LINES = 16_384  # corpus lines read, sorted by length and encoded at a tim
 SCORE = re.compile(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*")  # a finite number
 
 
-def corpus_lines(path, flag):
-    """A text file's lines, read as they are needed (row i is line i + 1, blank lines kept)."""
+def corpus_lines(path, flag, digest=None):
+    """A text file's lines, read as needed (row i is line i + 1, blank lines kept), cut as training
+    cuts them; `digest` takes the bytes as read: what was encoded, not the file later [issue 52]."""
     if why := path_problem(Path(path).expanduser()):  # no size limit: read as it goes
         raise UserError(f"{flag} {path} {why}")
-    try:  # newline="\n": a line ends at \n alone, as `wc -l` counts (not at \r or \x85)
-        with open(Path(path).expanduser(), encoding="utf-8", newline="\n") as f:
-            yield from (line.removeprefix("\ufeff").rstrip("\r\n") for line in f)
-    except UnicodeDecodeError as e:
-        raise UserError(f"{flag} {path} is not UTF-8 ({e.reason}); convert it, e.g. iconv -t "
-                        f"UTF-8") from None
+    digest = digest or hashlib.sha256()  # else one nobody reads
+    with open(Path(path).expanduser(), "rb") as f:  # b"\n" alone ends a line, as `wc -l` counts
+        for n, raw in enumerate(f, 1):  # (not \r, U+0085 or U+2028)
+            digest.update(raw)
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise UserError(f"{flag} {path} is not UTF-8 (line {n}: {e.reason}); convert it, "
+                                f"e.g. iconv -t UTF-8") from None
+            yield line.removeprefix("\ufeff").rstrip("\r\n")[:MAX_SENTENCE_CHARS]
 
 
-def count_lines(path, flag):  # each line decoded before any work; none: an error
-    n = sum(1 for _ in corpus_lines(path, flag))
+def count_lines(path, flag):  # each line decoded before any work -> (lines, the bytes' SHA-256)
+    digest = hashlib.sha256()
+    n = sum(1 for _ in corpus_lines(path, flag, digest))
     if n == 0:
         raise UserError(f"{flag} {path} is empty: one sentence a line")
-    return n
+    return n, digest.hexdigest()
 
 
-def vectors_about(args, model, corpus, n):
+def vectors_about(args, model, corpus_sha256, n):
     """What encode's JSON says, search checks: model (its tensors' sha256), pooler, corpus."""
     h = hashlib.sha256()
     for t in model.state_dict().values():  # in the model's order, always the same
         h.update(t.detach().float().cpu().contiguous().numpy())
     return {"model": str(args.model), "weights_sha256": h.hexdigest(), "pooler": args.pooler,
-            "count": n, "corpus_sha256": sha256_file(corpus)}
+            "count": n, "corpus_sha256": corpus_sha256}
+
+
+def described(about, npy):
+    """encode's JSON's entry (its own, or the previous while encode replaces it) or None."""
+    entries = [about, about.get("previous")] if isinstance(about, dict) else []
+    seen = [npy.stat().st_size, sha256_file(npy)]
+    return next((e for e in entries if isinstance(e, dict) and
+                 [e.get("npy_bytes"), e.get("npy_sha256")] == seen), None)
+
+
+def encoded_before(out):
+    """The entry for --out's .npy now, or None; a pair not encode's is refused [issue 52]."""
+    about_path = out.with_suffix(".json")
+    about = read_json(about_path, f"--out {out}: its JSON") if about_path.exists() else None
+    ours = isinstance(about, dict) and {"weights_sha256", "corpus_sha256"} <= set(about)
+    if not ours and (about is not None or os.path.lexists(out)):
+        raise UserError(f"--out {out}: {about_path.name} beside it was not written by encode, and "
+                        f"encode replaces only its own pair: move them, or pick another --out")
+    return described(about, out) if out.is_file() else None
 
 
 def run_encode(args):
-    """--input's lines -> float32 [lines, H] in --out (.npy), written as it goes, a chunk of sorted
-    lengths at a time (the memory of a chunk, not of the corpus), and a JSON line beside it."""
+    """--input's lines -> float32 [lines, H] in --out (.npy), a chunk of sorted lengths at a time,
+    and a JSON beside it. The .npy has no name until whole; as it takes --out's, the JSON describes
+    it and the old one (search always finds the .npy described), then it alone [issue 52]."""
     out = Path(args.out).expanduser()  # and its .json: the name with .json for its suffix
     device, _, _ = check_cli_inputs(args, [args.model], [])
-    n = count_lines(args.input, "--input")
-    tok, model = Tokenizer.from_pretrained(args.model), Bert.from_pretrained(args.model).to(device)
-    out.with_suffix(".json").unlink(missing_ok=True)  # stopped halfway: no JSON, search refuses
-    lines, shown = corpus_lines(args.input, "--input"), Progress("encode")
-    with atomic_write(out, "wb") as f:  # the rows in order: np.load reads them as one array
-        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False,
-                                                 "shape": (n, model.cfg.hidden_size)})
-        for start in range(0, n, CHUNK_LINES):
-            chunk = list(itertools.islice(lines, CHUNK_LINES))
-            vectors = encode_sentences(model, tok, chunk, args.pooler, args.batch_size,
-                                       progress=lambda done, _: shown(start + done, n))  # [c, H]
-            f.write(vectors.numpy().astype("<f4").tobytes())
-    write_json(out.with_suffix(".json"), vectors_about(args, model, args.input, n), indent=None)
+    lock = lock_folder(out.parent, "--out")  # one writer in a folder at a time, as runs
+    stop = signal.signal(signal.SIGTERM, signal.default_int_handler)  # "interrupted", cleaned up
+    try:
+        for left in out.parent.glob(f".{glob.escape(out.stem)}.*.tmp"):  # a kill between the
+            left.unlink()  # link and the rename of atomic_write: our names, under our lock
+        old = encoded_before(out)
+        n, corpus_sha256 = count_lines(args.input, "--input")
+        tok, model = Tokenizer.from_pretrained(args.model), Bert.from_pretrained(args.model)
+        about = vectors_about(args, model.to(device), corpus_sha256, n)
+        digest, npy = hashlib.sha256(), hashlib.sha256()  # the corpus as read, the .npy written
+        lines, shown = corpus_lines(args.input, "--input", digest), Progress("encode")
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False,
+                                                      "shape": (n, model.cfg.hidden_size)})
+        with atomic_write(out, "wb") as f:  # the rows in order: np.load reads them as one array
+            f.write(header.getvalue())
+            npy.update(header.getvalue())
+            for start in range(0, n, CHUNK_LINES):
+                chunk = list(itertools.islice(lines, CHUNK_LINES))
+                vectors = encode_sentences(model, tok, chunk, args.pooler, args.batch_size,
+                                           progress=lambda done, _: shown(start + done, n))
+                rows = vectors.numpy().astype("<f4").tobytes()  # [c, H]
+                f.write(rows)
+                npy.update(rows)
+            if next(lines, None) is not None or digest.hexdigest() != corpus_sha256:
+                raise UserError(f"--input {args.input} changed while it was encoded: encode again")
+            about |= {"npy_bytes": f.tell(), "npy_sha256": npy.hexdigest()}
+            write_json(out.with_suffix(".json"), {**about, "previous": old}, indent=None)
+        write_json(out.with_suffix(".json"), about, indent=None)  # the new pair alone
+    finally:
+        signal.signal(signal.SIGTERM, stop)
+        if lock is not None:  # no fcntl (not POSIX): no lock
+            os.close(lock)
     print(f"{n:,} vectors of {model.cfg.hidden_size} in {out}, and {out.stem}.json")
 
 
@@ -3241,21 +3369,18 @@ def run_search(args):
     """The --top_k corpus lines nearest each query by cosine: the vectors a chunk at a time
     (torch.topk per chunk, then over the chunks' best), on the GPU where there is one."""
     device, _, _ = check_cli_inputs(args, [args.model], [])
-    queries = [args.query] if args.query else read_lines(args.queries)  # its non-blank lines
-    n = count_lines(args.corpus, "--corpus")
+    queries = [args.query] if args.query is not None else \
+        [q.strip() for q in corpus_lines(args.queries, "--queries") if q.strip()]
+    if not (queries and all(q.strip() for q in queries)):  # the flag typed [issue 52]
+        raise UserError(f"--queries {args.queries} holds no query" if args.queries else
+                        "--query is empty: give the sentence to search for, e.g. --query 'a dog'")
+    if "".join(queries).encode("utf-8", "replace").decode() != "".join(queries):  # a byte not
+        # UTF-8 arrives as a lone surrogate [PEP 383], which cannot be printed back
+        raise UserError("--query holds a byte that is not UTF-8: type it in UTF-8")
+    n, corpus_sha256 = count_lines(args.corpus, "--corpus")
     tok, model = Tokenizer.from_pretrained(args.model), Bert.from_pretrained(args.model).to(device)
     if args.vectors:  # encode's .npy, mapped (never read whole), checked against its JSON
-        path = Path(args.vectors).expanduser()
-        about = read_json(path.with_suffix(".json"), f"--vectors {args.vectors}: its .json")
-        try:
-            corpus = np.load(path, mmap_mode="r")  # [n, H] float32
-        except (OSError, ValueError) as e:
-            raise UserError(f"--vectors {args.vectors}: numpy cannot read it ({e})") from None
-        now = vectors_about(args, model, args.corpus, n)  # as encode wrote it; the name aside
-        if differ := [k for k in now if k != "model" and not (isinstance(about, dict) and
-                                                              about.get(k) == now[k])]:
-            raise UserError(f"--vectors {args.vectors}: its {', '.join(differ)} differ from this "
-                            f"--model, --pooler and --corpus (see its .json); encode them again")
+        corpus = read_vectors(args, model, corpus_sha256, n)
     else:  # a large corpus: encode it once, then search with --vectors
         lines = list(corpus_lines(args.corpus, "--corpus"))
         corpus = encode_sentences(model, tok, lines, args.pooler, args.batch_size,
@@ -3281,19 +3406,51 @@ def run_search(args):
     return found
 
 
+def read_vectors(args, model, corpus_sha256, n):
+    """--vectors, mapped, believed as far as checked before any ranking [issue 52]: its JSON says
+    its bytes, --model, --pooler and --corpus; float32 [lines, H], every row finite."""
+    path = Path(args.vectors).expanduser()
+    if why := path_problem(path):  # a FIFO would wait forever
+        raise UserError(f"--vectors {args.vectors} {why}")
+    about = described(read_json(path.with_suffix(".json"), f"--vectors {args.vectors}: its .json"),
+                      path)
+    if about is None:
+        raise UserError(f"--vectors {args.vectors}: its .json does not describe it (its size or "
+                        f"SHA-256 differ: another encode's, or a file copied over); encode again")
+    now = vectors_about(args, model, corpus_sha256, n)  # as encode wrote it; the name aside
+    if differ := [k for k in now if k != "model" and about.get(k) != now[k]]:
+        raise UserError(f"--vectors {args.vectors}: its {', '.join(differ)} differ from this "
+                        f"--model, --pooler and --corpus (see its .json); encode them again")
+    try:  # no pickle: numpy's advice to allow one is not passed on
+        corpus = np.load(path, mmap_mode="r", allow_pickle=False)  # [n, H] float32
+    except (OSError, ValueError) as e:
+        raise UserError(f"--vectors {args.vectors}: not an array numpy can map "
+                        f"({type(e).__name__}); encode again") from None
+    bad = corpus.dtype != np.float32 or corpus.shape != (n, model.cfg.hidden_size)
+    starts = range(0, n, CHUNK_LINES)  # a chunk at a time: never the whole array in memory
+    if bad or not all(np.isfinite(corpus[i:i + CHUNK_LINES]).all() for i in starts):
+        raise UserError(f"--vectors {args.vectors}: {corpus.dtype} {corpus.shape}, not float32 "
+                        f"({n}, {model.cfg.hidden_size}) and finite (no NaN): encode again")
+    return corpus
+
+
 def read_sts_pairs(path, flag):
-    """A TSV of sentence 1, sentence 2, score (a header row allowed) -> (A, B, gold) as the STS
-    tasks hold them; a bad row: one line naming the file and line."""
-    lines = read_text(path, flag).splitlines()  # a missing file, not UTF-8: one line
-    rows = [(n, line.split("\t")) for n, line in enumerate(lines, 1) if line.strip()]
-    if rows and len(rows[0][1]) == 3 and not SCORE.fullmatch(rows[0][1][2]):
+    """A TSV of sentence 1, sentence 2, score -> (A, B, gold) as the STS tasks hold them. A header
+    is the first row when its score holds no digit ('score', not '4,8'); every other row scores,
+    finitely. A bad row: one line naming the file and line [issue 52]."""
+    lines = read_text(path, flag).split("\n")  # \n alone ends a line: not U+0085 or U+2028
+    rows = [(n, line.rstrip("\r").split("\t")) for n, line in enumerate(lines, 1) if line.strip()]
+    if rows and len(rows[0][1]) == 3 and not re.search(r"\d", rows[0][1][2]):
         rows = rows[1:]  # a header row
     for n, row in rows:
-        if len(row) != 3 or not SCORE.fullmatch(row[2]):
+        if len(row) != 3 or not SCORE.fullmatch(row[2]) or not math.isfinite(float(row[2])):
             raise UserError(f"{flag} {path} line {n}: {len(row)} column(s), the last "
-                            f"{row[-1][:20]!r}; a row is sentence 1, sentence 2, a score (tab)")
+                            f"{row[-1][:20]!r}; a row is sentence 1, sentence 2, a finite score")
     if len(rows) < 2:
         raise UserError(f"{flag} {path}: {len(rows)} scored pair(s); a Spearman needs 2 at least")
+    if len({float(row[2]) for _, row in rows}) == 1:
+        raise UserError(f"{flag} {path}: every pair scores {rows[0][1][2]}; a Spearman needs "
+                        f"two different scores at least")
     return scored([row for _, row in rows], 0, 1, 2)  # as SentEval's STS files are read
 
 
@@ -3376,6 +3533,11 @@ class OneLineErrors(argparse.ArgumentParser):
             owner = owner_of(wanted, getattr(self, "fields", None))  # [issue 55]
             if owner:
                 message = f"unknown flag {wanted}; {owner}"
+        elif dash := re.search(r"arguments: [\u2010-\u2015\u2212]+([^\s=]+)", message):
+            message = (f"unknown argument {dash[0][11:]}: it starts with a dash that is not '-' "
+                       f"(an en dash from a word processor?); type --{dash[1]}")  # [issue 52]
+        elif value := re.match(r"argument (--\w+): expected one argument", message):
+            message += f" (a value that starts with '-' is written {value[1]}=-1e-5)"
         print(f"error: {message} (see --help)", file=sys.stderr)
         sys.exit(2)
 
@@ -3444,7 +3606,12 @@ def parse_args(config_cls, argv=None):
         if switch:  # and `--no_compile` (argparse's BooleanOptionalAction; --help shows it)
             groups[group].add_argument(f"--no_{f.name}", dest=f.name, action="store_false",
                                        default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    return config_cls(**vars(parser.parse_args(argv)))
+    cfg = config_cls(**vars(parser.parse_args(argv)))
+    argv = sys.argv[1:] if argv is None else argv  # the flags typed: --resume compares them
+    typed = {a[2:].split("=")[0] for a in argv if a.startswith("--")}
+    cfg.typed = {t.removeprefix("no_") if t.removeprefix("no_") in parser.fields else t
+                 for t in typed}  # --no_compile: compile typed
+    return cfg
 
 
 def parse_bool(s):
@@ -3532,8 +3699,8 @@ def add_command_flags(ev, an, en, se):
     se.groups[0].add_argument("--corpus", required=True, help="text file, one sentence a line")
     se.groups[0].add_argument("--vectors", default="", help="encode's .npy of --corpus (else: now)")
     asked = se.groups[0].add_mutually_exclusive_group(required=True)
-    asked.add_argument("--query", default="", help="one query")
-    asked.add_argument("--queries", default="", help="text file, one query a line")
+    asked.add_argument("--query", help="one query")
+    asked.add_argument("--queries", help="text file, one query a line")
     se.groups[1].add_argument("--top_k", type=int, default=10, help="results per query")
     se.groups[1].add_argument("--json", action="store_true", help="JSON Lines: a result a line")
 
@@ -3544,8 +3711,8 @@ def run_eval(args):
         raise UserError("--sts_file scores that file alone: drop --tasks, --mode and --senteval")
     modes = args.tasks.replace("sts", "dev" if args.mode == "dev" else "test").split(",")
     device, root, _ = check_cli_inputs(args, [args.model], [] if args.sts_file else modes)
-    own = {Path(args.sts_file).name: {"test": read_sts_pairs(args.sts_file, "--sts_file")}} \
-        if args.sts_file else None  # your pairs, scored as an STS task's
+    own = {"sts_file": {"test": read_sts_pairs(args.sts_file, "--sts_file")}} \
+        if args.sts_file else None  # your pairs, a key no table has, whatever the file's name
     tok, model = Tokenizer.from_pretrained(args.model), Bert.from_pretrained(args.model).to(device)
     results, run, shown = {}, (args.pooler, args.batch_size), Progress(f"STS {modes[0]}")
     if modes[0] != "transfer":  # fasttest's STS table: the test one [SimCSE evaluation.py]
@@ -3560,9 +3727,9 @@ def run_eval(args):
                   f"sentences encoded; {table['details']['seconds']:.1f}s in all)")
     for name in own or {}:  # and Pearson x 100 and n, as SentEval reports them
         print("{name}: Spearman {spearman:.2f}, Pearson {pearson:.2f}, n {n}".format(
-            name=name, **results["details"][name]["test"]))
-    if args.json:
-        write_json(args.json, results, indent=1)
+            name=args.sts_file, **results["details"][name]["test"]))
+    if args.json:  # a pipe or /dev/stdout: written through, never replaced [issue 52]
+        write_json(Path(args.json).expanduser(), results, indent=1, through=args.through)
     return results
 
 
@@ -3605,6 +3772,9 @@ def check_cli_inputs(args, names, modes, runs=()):
     for flag in ("batch_size", "top_k"):  # search's top_k
         if getattr(args, flag, 1) < 1:
             raise UserError(f"--{flag} {getattr(args, flag)}: must be at least 1")
+    inputs = {f: getattr(args, f, "") for f in ("input", "corpus", "vectors", "queries",
+                                                 "sts_file", "senteval", "model")}
+    check_names(args, inputs)  # a name the file system cannot hold: one line, now
     for i, name in enumerate(names):  # a known name is fetched when loaded (Part 2, as in training)
         check_model(name, "--compare" if i else "--model")
     runs = [load_run(path) for path in runs]
@@ -3612,12 +3782,16 @@ def check_cli_inputs(args, names, modes, runs=()):
                                                                                      ""))
     if out:  # a folder (analyze) or a file (--json, encode) can be made there: nothing created
         p, is_dir = Path(out).expanduser().absolute(), args.command == "analyze"
-        written = [p / n for n in ANALYSIS_FILES] if is_dir else [p, p.with_suffix(".json")]
-        check_writes_no_input(flag, written, [*names, *(r["path"] for r in runs),
-                                              getattr(args, "input", "")])  # encode's
+        written = {"analyze": [p / n for n in ANALYSIS_FILES], "eval": [p],
+                   "encode": [p, p.with_suffix(".json")]}[args.command]
+        if p.suffix == ".json" and args.command == "encode":  # its JSON would replace it
+            raise UserError(f"--out {out} is the JSON's name: name the vectors ({p.stem}.npy)")
+        read = [*names, *(r["path"] for r in runs), *inputs.values()]  # the one output rule
+        args.through = [w for w in written if check_output(flag, w, read, through=flag == "--json")]
         folder = p if is_dir else p.parent  # where the output goes
         base = next(a for a in (folder, *folder.parents) if a.exists())  # its nearest existing part
-        if p.exists() and p.is_dir() != is_dir or not (base.is_dir() and os.access(base, os.W_OK)):
+        if not args.through and (p.exists() and p.is_dir() != is_dir or not (  # a pipe: is
+                base.is_dir() and os.access(base, os.W_OK))):  # there, and its folder too
             raise UserError(f"{flag} {out}: cannot write a {'folder' if is_dir else 'file'} there")
     root = resolve_senteval(args.senteval, modes[0]) if modes else None  # else a download
     for mode in modes[1:]:

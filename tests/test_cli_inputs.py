@@ -65,4 +65,4 @@ def test_eval_refuses_a_batch_size_below_one(world, tmp_path, capsys, batch_size
 def test_eval_json_that_is_a_folder_is_refused_before_the_evaluation(world, tmp_path, capsys):
     line = refused(["eval", "--model", world["model"], "--senteval", world["senteval"],
                     "--json", str(tmp_path), "--device", "cpu"], capsys)
-    assert f"--json {tmp_path}: cannot write a file there" in line
+    assert f"--json {tmp_path} is not a regular file" in line  # the one rule [issue 52]

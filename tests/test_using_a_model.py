@@ -43,7 +43,9 @@ def test_encode_gives_the_evaluations_vectors(minilm, model_dir, wiki_path, tmp_
     about = json.loads((tmp_path / "v.json").read_text())
     assert about["count"] == 141 and about["pooler"] == pooler and about["model"] == str(model_dir)
     args = argparse.Namespace(model=str(model_dir), pooler=pooler)
-    assert about == common.vectors_about(args, model, tmp_path / "c.txt", 141)
+    corpus_sha256 = common.sha256_file(tmp_path / "c.txt")
+    assert about == {**common.vectors_about(args, model, corpus_sha256, 141),
+                     "npy_bytes": out.stat().st_size, "npy_sha256": common.sha256_file(out)}
 
 
 def brute_force(vectors, queries, k):  # numpy cosines, every row, ranked
@@ -119,7 +121,7 @@ def test_sts_file_of_sts_b_test_gives_the_tables_sts_b(minilm, model_dir, sentev
     argv = ["eval", "--model", str(model_dir), "--device", "cpu", "--json",
             str(tmp_path / "r.json")]
     out = cli([*argv, "--sts_file", write_tsv(tmp_path / "stsb-test.tsv", *pairs)], capsys)
-    scores = json.loads((tmp_path / "r.json").read_text())["details"]["stsb-test.tsv"]["test"]
+    scores = json.loads((tmp_path / "r.json").read_text())["details"]["sts_file"]["test"]
     reference = json.loads((FIXTURES / "pooler_ref.json").read_text())["sts"]  # transformers
     assert scores["spearman"] == pytest.approx(reference["cls_before_pooler"]["STSBenchmark"],
                                                abs=0.01) and scores["n"] == 1379
@@ -127,7 +129,7 @@ def test_sts_file_of_sts_b_test_gives_the_tables_sts_b(minilm, model_dir, sentev
     tok, model = minilm  # the table's own path, on 300 pairs: the same numbers to the last bit
     part = tuple(x[:300] for x in pairs)
     cli([*argv, "--sts_file", write_tsv(tmp_path / "part.tsv", *part, header=False)], capsys)
-    scores = json.loads((tmp_path / "r.json").read_text())["details"]["part.tsv"]["test"]
+    scores = json.loads((tmp_path / "r.json").read_text())["details"]["sts_file"]["test"]
     table = common.evaluate_sts(model, tok, senteval_dir, "test",
                                 tasks={"STSBenchmark": {"test": part}})
     assert scores == table["details"]["STSBenchmark"]["test"]

@@ -646,7 +646,8 @@ def cases(tmp):
         ),
     ]
     return c + nothing_lost_cases(tmp, world, base, data, done) + using_a_model_cases(
-        tmp, world, base, data) + fourth_pass_cases(tmp, world, base, data), dict(
+        tmp, world, base, data) + fourth_pass_cases(tmp, world, base, data) + \
+        believed_cases(tmp, world, base, data), dict(
         world=world, done=done, tmp=tmp)
 
 
@@ -818,6 +819,57 @@ def using_a_model_cases(tmp, world, base, data):
                                                       str(tmp / "s2")], 2, True),
         ("summarize: a run without a test table", "common", ["summarize", str(tmp / "s1"),
                                                              str(tmp / "t1")], 2, True),
+    ]
+
+
+def believed_cases(tmp, world, base, data):
+    """Issue 52: what encode, search, --sts_file and --dev_file write, read and believe."""
+    model, cpu = world["model"], ["--device", "cpu"]
+    files = {"b_corpus.txt": "a man is playing .\na dog runs .\n", "b_blank.txt": "\n  \n",
+             "package.json": '{"name": "mine"}', "b_pairs.tsv": "a\tb\t1\nc\td\t2\ne\tf\t3\n",
+             "b_inf.tsv": "a\tb\t1e309\nc\td\t2\ne\tf\t3\n",
+             "b_comma.tsv": "a\tb\t4,8\nc\td\t2\ne\tf\t3\n",
+             "b_equal.tsv": "a\tb\t3\nc\td\t3\ne\tf\t3\n"}
+    for name, text in files.items():
+        (tmp / name).write_text(text)
+    if not (tmp / "b_fifo.npy").exists():
+        os.mkfifo(tmp / "b_fifo.npy")
+    corpus, pairs = str(tmp / "b_corpus.txt"), str(tmp / "b_pairs.tsv")
+    encode = ["encode", "--model", model, "--input", corpus, *cpu, "--out"]
+    search = ["search", "--model", model, "--corpus", corpus, *cpu]
+    sts = ["eval", "--model", model, *cpu, "--sts_file"]
+    return [
+        ("encode: --out beside a JSON encode did not write", "common",
+         encode + [str(tmp / "package.npy")], 2, True),
+        ("encode: --out whose JSON is a model folder's", "common",
+         encode + [f"{model}/special_tokens_map.npy"], 2, True),
+        ("encode: --out inside SentEval", "common",
+         encode + [f"{world['senteval']}/STS/x.npy"], 2, True),
+        ("encode: --out a device (/dev/null)", "common", encode + ["/dev/null"], 2, True),
+        ("encode: --out named .json (its JSON would replace it)", "common",
+         encode + [str(tmp / "v.json")], 2, True),
+        ("encode: --out a name of 300 bytes", "common", encode + [str(tmp / ("a" * 300))], 2,
+         True),
+        ("eval --json: the --sts_file it reads", "common", sts + [pairs, "--json", pairs], 2, True),
+        ("eval --json: inside SentEval", "common",
+         sts + [pairs, "--json", f"{world['senteval']}/STS/r.json"], 2, True),
+        ("search: --vectors a FIFO", "common", search + ["--vectors", str(tmp / "b_fifo.npy"),
+                                                         "--query", "a"], 2, True),
+        ("search: --query of spaces", "common", search + ["--query", "   "], 2, True),
+        ("search: --queries with no query", "common",
+         search + ["--queries", str(tmp / "b_blank.txt")], 2, True),
+        ("eval --sts_file: a score 1e309", "common", sts + [str(tmp / "b_inf.tsv")], 2, True),
+        ("eval --sts_file: a first score 4,8 (no header)", "common",
+         sts + [str(tmp / "b_comma.tsv")], 2, True),
+        ("eval --sts_file: every score equal", "common", sts + [str(tmp / "b_equal.tsv")], 2,
+         True),
+        ("--out_dir: a name that is not UTF-8", "simcse", base + data + [
+            "--out_dir", str(tmp / "out") + "\udcff"], 2, True),
+        ("--dev_file: every score equal", "simcse",
+         base + data + ["--dev_file", str(tmp / "b_equal.tsv")], 2, True),
+        ("a flag typed with an en dash", "simcse", base + data + ["\u2013lr", "1e-5"], 2, True),
+        ("--lr -1e-5 (a value that starts with -)", "simcse", base + data + ["--lr", "-1e-5"], 2,
+         True),
     ]
 
 
