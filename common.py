@@ -1806,7 +1806,8 @@ def read_training_data(path):
 
 
 TOKENIZE_CHUNK = 10_000  # rows tokenized at a time, in a worker or not
-TOKENIZE_POOL_BYTES = 8 << 20  # a smaller file is tokenized in this process: a pool costs ~0.2 s
+TOKENIZE_POOL_BYTES = 8 << 20  # [impl] a smaller file in this process: the pool's start-up and
+# its workers' empty word caches outweigh the second core there [docs/speed.md: 5 % on 1.3 MB]
 TOKENIZING = {}  # this process's (or worker's) tokenizer and max_len: its word cache lives on
 
 

@@ -63,7 +63,7 @@ def test_the_file_is_read_as_a_stream(tmp_path):
 
 
 def test_lines_end_where_the_whole_text_split_ended_them(tmp_path):
-    """\\r, \\r\\n, \\v, \\x1c, \\x85, \\u2028 end a line, as str.splitlines did on the whole file."""
+    """\\r, \\r\\n, \\v, \\x1c, \\x85, \\u2028 end a line, as str.splitlines did on the file."""
     path = tmp_path / "data.txt"
     path.write_bytes("\ufeffone\rtwo\r\nthree\x0bfour\x1cfive\x85six\u2028 seven \n\n".encode())
     assert [r[0] for r in common.training_rows(path)] == common.read_lines(path) == [

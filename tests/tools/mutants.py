@@ -578,7 +578,8 @@ MUTANTS = [
     Mutant("stream-bom-kept", C,
            "line = line.removeprefix(\"\\ufeff\")",
            "line = line",
-           "a byte-order mark starts the first sentence", ["test_token_arrays.py", "test_hostile.py"]),
+           "a byte-order mark starts the first sentence",
+           ["test_token_arrays.py", "test_hostile.py"]),
     Mutant("stream-done-early", C,
            "progress(min(f.buffer.tell() // 10**6, size - 1), size)",
            "progress(min(f.buffer.tell() // 10**6, size), size)",
@@ -591,6 +592,6 @@ MUTANTS = [
            "yield tuple(s[:MAX_SENTENCE_CHARS] for s in row)",
            "yield row",
            "a megabyte-long line tokenized whole", ["test_inputs.py"]),
-    # start_tokenizing's SIG_IGN is left out: a Ctrl-C while tokenizing would print a traceback per
-    # worker, which no test here reproduces (the parent's KeyboardInterrupt ends the pool either way)
+    # start_tokenizing's SIG_IGN is left out: a Ctrl-C while tokenizing would print a traceback
+    # per worker, which no test here reproduces (the parent's KeyboardInterrupt ends the pool)
 ]
