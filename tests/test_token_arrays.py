@@ -87,7 +87,8 @@ def test_memory_is_the_arrays_not_a_list_per_sentence():
 def test_progress_is_said_in_megabytes_and_other_ranks_stay_quiet(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(common, "PROGRESS_EVERY", 0.0)
     path = tmp_path / "data.txt"
-    path.write_text("a man is playing a guitar on the stage tonight .\n" * 70_000)  # 3.4 MB
+    path.write_text("a man is playing a guitar on the stage tonight .\n" * 75_000)  # 3.7 MB: the
+    # line 70,000's progress is past 3 MB, not yet the end
     list(common.training_rows(path, common.Progress("corpus", "MB tokenized")))
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("corpus: 0/3 MB tokenized"), err
