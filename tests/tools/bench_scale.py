@@ -55,13 +55,35 @@ def child(repo, data, model):
                       .hexdigest()[:16]}))
 
 
+def tree_mib(pid, fields=("Rss:",)):
+    """A process's resident memory (MiB) plus its children's private memory: a forked worker's
+    pages shared with the parent are counted once, in the parent's RSS."""
+    total = 0
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith(fields):
+                total += int(line.split()[1]) / 1024
+    except OSError:  # ended meanwhile
+        return total
+    private = ("Private_Clean:", "Private_Dirty:")
+    return total + sum(tree_mib(int(c), private) for c in children)
+
+
 def measure(repo, data, model, cache):
     env = dict(os.environ, SIMCSE_CACHE=str(cache), OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, __file__, "--child", str(repo), str(data), str(model)],
-                          capture_output=True, text=True, env=env)
-    if proc.returncode:
-        sys.exit(f"{repo}: {proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, __file__, "--child", str(repo), str(data),
+                                 str(model)], stdout=out, stderr=err, text=True, env=env)
+        peak = 0.0
+        while proc.poll() is None:  # the whole tree's memory, sampled every 0.1 s
+            peak = max(peak, tree_mib(proc.pid))
+            time.sleep(0.1)
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode:
+            sys.exit(f"{repo}: {err.read()[-2000:]}")
+        return json.loads(out.read().strip().splitlines()[-1]) | {"tree_mib": round(peak)}
 
 
 def first_lines(data, n, folder):
@@ -96,7 +118,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         files = [first_lines(args.data, int(n), tmp) for n in args.scale.split(",") if n]
         print(f"{'code':<16} {'lines':>9} {'cold s':>7} {'cpu s':>6} {'workers cpu s':>13} "
-              f"{'cached s':>8} {'peak MiB':>9} {'workers':>8} {'cached peak':>11} "
+              f"{'cached s':>8} {'peak MiB':>9} {'workers':>8} {'all MiB':>8} {'cached peak':>11} "
               f"{'tokens':>11}  ids sha256", flush=True)
         for data in [*files, args.data]:
             for repo in repos:
@@ -107,13 +129,16 @@ def main():
                 print(f"{str(repo)[-16:]:<16} {cold['rows']:>9,} {cold['seconds']:>7.1f} "
                       f"{cold['cpu_s']:>6.1f} {cold['workers_cpu_s']:>13.1f} "
                       f"{warm['seconds']:>8.1f} {cold['peak_mib']:>9} "
-                      f"{cold['workers_peak_mib']:>8} {warm['peak_mib']:>11} "
+                      f"{cold['workers_peak_mib']:>8} {cold['tree_mib']:>8} "
+                      f"{warm['peak_mib']:>11} "
                       f"{cold['tokens']:>11,}  {cold['ids_sha256']}", flush=True)
     print(f"load: {load()}")
     print("peak MiB: the tokenizing process (the parent), from a process of "
           f"~{cold['before_data_mib']} MiB before any data (torch, numpy, the vocabulary); "
           "workers: the largest tokenizing worker's own peak (0: none; a forked worker shares "
-          "the parent's pages until it writes them); cpu s: the process's user + system "
+          "the parent's pages until it writes them); all MiB: the most the process and its "
+          "workers held together (the parent's RSS + the workers' private pages, sampled every "
+          "0.1 s); cpu s: the process's user + system "
           "seconds, workers cpu s: all its workers' together")
 
 
