@@ -776,6 +776,7 @@ import inspect
 import io
 import itertools
 import json
+import multiprocessing
 import os
 import secrets
 import shutil
@@ -1983,7 +1984,7 @@ def check_positions(model, max_len, extra=0, flag="--model"):
 
 
 # --- Training data: text and CSV, tokenized once, a cache on disk ---------------------------------
-# Training data read as UTF-8 text or CSV, tokenized once; its cache keyed by content, checked.
+# Training data read as UTF-8 text or CSV, streamed into 4-byte ids once; a cache keyed by content.
 
 def read_text(path, flag="data file"):
     """A data file's text, checked first (check_data), a byte-order mark dropped."""
@@ -1999,46 +2000,136 @@ def read_lines(path):
     return lines
 
 
+def text_lines(path, progress=None):
+    """A UTF-8 file's lines, streamed (1M lines: the text is never whole in memory [issue 54]):
+    each ends at \\n, \\r or \\r\\n, as in StringIO(newline=""); a byte-order mark dropped; a bad
+    byte: read_utf8's one-line error. progress(MB read, MB in all), every 10,000 lines."""
+    check_data(path)
+    path = Path(path).expanduser()
+    size = max(path.stat().st_size // 10**6, 1)
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            for i, line in enumerate(f):
+                if i == 0:
+                    line = line.removeprefix("\ufeff")
+                if progress and i % 10_000 == 0:
+                    progress(min(f.buffer.tell() // 10**6, size - 1), size)  # done: below
+                yield line
+    except UnicodeDecodeError:
+        read_utf8(path)  # raises the error in one line: where the first bad byte is
+        raise
+    if progress:
+        progress(size, size)
+
+
 MAX_SENTENCE_CHARS = 10_000  # [impl] longer ones are cut: 512 tokens fit ~10x over, and a stray
 # megabyte-long line (a file without newlines) would take minutes; training keeps max_len anyway
 
 
-def read_training_data(path):
-    """Sentences (one a line), or CSV rows (sentence, positive[, hard negative]; a header row
-    sent0,sent1 or sentence,positive is skipped) for supervised SimCSE: tuples of 1-3 strings,
-    each cut to MAX_SENTENCE_CHARS (said once, not an error)."""
-    import csv
-    import io
+def training_rows(path, progress=None):
+    """Sentences (one a line), or CSV rows (sentence, positive[, hard negative]) for supervised
+    SimCSE, streamed: tuples of 1-3 strings, each cut to MAX_SENTENCE_CHARS (said once, at the end,
+    not an error)."""
     if Path(path).suffix.lower() == ".tsv":  # its tabs would join a pair into one "sentence"
         raise UserError(f"{path}: a .tsv is not read; sentence pairs go in a .csv (sent0,sent1"
                         f"[,hard_neg]), else one sentence a line in a .txt")
-    if Path(path).suffix.lower() != ".csv":
-        rows = [(s,) for s in read_lines(path)]
-    else:  # parsed as CSV: quoted commas, quotes and newlines; blank rows skipped
-        text = io.StringIO(read_text(path), newline="")
-        rows = [tuple(c.strip() for c in r) for r in csv.reader(text) if any(c.strip() for c in r)]
-        first = [c.lower() for c in rows[0]][:2] if rows else None
-        if first in (["sent0", "sent1"], ["sentence", "positive"]):
-            rows = rows[1:]  # a header line [official nli_for_simcse.csv: sent0,sent1,hard_neg]
-        if not rows or {len(r) for r in rows} not in ({2}, {3}):
-            raise UserError(f"{path}: a supervised CSV needs 2 or 3 columns on every row "
-                            f"(sentence, positive[, hard negative])")
-    cut = sum(len(s) > MAX_SENTENCE_CHARS for r in rows for s in r)
+    if Path(path).suffix.lower() == ".csv":
+        rows = csv_rows(path, text_lines(path, progress))
+    else:
+        rows = sentence_rows(path, text_lines(path, progress))
+    cut = 0
+    for row in rows:
+        cut += sum(len(s) > MAX_SENTENCE_CHARS for s in row)
+        yield tuple(s[:MAX_SENTENCE_CHARS] for s in row)
     if cut:
         print(f"note: {cut} sentence(s) in {path} longer than {MAX_SENTENCE_CHARS:,} characters "
               f"were cut to that length", file=sys.stderr)
-    return [tuple(s[:MAX_SENTENCE_CHARS] for s in r) for r in rows] if cut else rows
 
 
-def tokenize_corpus(tok, texts, max_len=None):
-    """Sentences -> id lists, with a progress line on a large corpus. One process: a pool of workers
-    saved about 1 % on a 48k-line file, no parallel gain on 2 cores [docs/speed.md]."""
-    progress = Progress("corpus", "sentences tokenized")
-    out = []
-    for i in range(0, len(texts), 10_000):
-        out += [tok.encode(t, max_len) for t in texts[i:i + 10_000]]
-        progress(len(out), len(texts))
-    return out
+def sentence_rows(path, lines):
+    """Non-blank lines, stripped, as 1-tuples (a line's \\v, \\f, \\x1c-\\x1e, \\x85, \\u2028 and
+    \\u2029 end one too, as in str.splitlines)."""
+    found = False
+    for piece in lines:
+        for line in piece.splitlines():
+            sentence = line.strip()
+            if sentence:
+                found = True
+                yield (sentence,)
+    if not found:
+        raise UserError(f"data file {path} holds no sentences")
+
+
+def csv_rows(path, lines):
+    """CSV rows of 2 or 3 stripped cells: quoted commas, quotes and newlines; blank rows skipped;
+    a header sent0,sent1 or sentence,positive skipped [official nli_for_simcse.csv: sent0,sent1,
+    hard_neg]."""
+    import csv
+    bad = (f"{path}: a supervised CSV needs 2 or 3 columns on every row (sentence, positive"
+           f"[, hard negative])")
+    width = None  # the first row's (after a header: 0 until the next row), every row's
+    for row in csv.reader(lines):
+        row = tuple(c.strip() for c in row)
+        if not any(row):
+            continue
+        header = [c.lower() for c in row][:2] in (["sent0", "sent1"], ["sentence", "positive"])
+        if width is None and header:
+            width = 0
+            continue
+        if not width:
+            width = len(row)
+        if len(row) != width or width not in (2, 3):
+            raise UserError(bad)
+        yield row
+    if not width:
+        raise UserError(bad)
+
+
+def read_training_data(path):
+    """training_rows as a list (tests, small files)."""
+    return list(training_rows(path))
+
+
+TOKENIZE_CHUNK = 10_000  # rows tokenized at a time, in a worker or not
+TOKENIZE_POOL_BYTES = 8 << 20  # [impl] a smaller file in this process: the pool's start-up and
+# its workers' empty word caches outweigh the second core there [docs/speed.md: 5 % on 1.3 MB]
+TOKENIZING = {}  # this process's (or worker's) tokenizer and max_len: its word cache lives on
+
+
+def start_tokenizing(tok, max_len):
+    """A tokenizing worker's start: Ctrl-C is the parent's to handle (no traceback per worker)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    TOKENIZING.update(tok=tok, max_len=max_len)
+
+
+def tokenize_chunk(rows):
+    """Rows of C sentences -> (ids [T] int32, lengths [R', C] int64, rows skipped): a row with a
+    sentence that holds no token once cleaned (only [CLS] [SEP]) is skipped."""
+    tok = TOKENIZING["tok"]
+    ids = [tok.encode(s, TOKENIZING["max_len"]) for row in rows for s in row]
+    lengths = np.fromiter(map(len, ids), np.int64, len(ids)).reshape(len(rows), -1)  # [R, C]
+    keep = (lengths > 2).all(1)  # [R]
+    kept = itertools.compress(ids, np.repeat(keep, lengths.shape[1]))
+    flat = np.fromiter(itertools.chain.from_iterable(kept), np.int32, int(lengths[keep].sum()))
+    return flat, lengths[keep], int((~keep).sum())
+
+
+def tokenize_rows(tok, rows, max_len, workers):
+    """Rows -> (ids [T] int32, lengths [N, C] int64, rows skipped), TOKENIZE_CHUNK rows at a time:
+    only the ids are kept, 4 bytes a token (id lists: ~60 [issue 54]). With workers > 1, chunks go
+    to a process pool a wave at a time (a pool's map would read the whole file ahead)."""
+    chunks = iter(lambda: list(itertools.islice(rows, TOKENIZE_CHUNK)), [])
+    if workers > 1:
+        with multiprocessing.Pool(workers, start_tokenizing, (tok, max_len)) as pool:
+            parts = []
+            while wave := list(itertools.islice(chunks, 2 * workers)):
+                parts += pool.map(tokenize_chunk, wave)
+    else:
+        TOKENIZING.update(tok=tok, max_len=max_len)
+        parts = list(map(tokenize_chunk, chunks))
+    flat = np.concatenate([p[0] for p in parts])
+    lengths = np.concatenate([p[1] for p in parts])
+    return flat, lengths, sum(p[2] for p in parts)
 
 
 class TokenizedRows:
@@ -2085,17 +2176,17 @@ def tokenize_file(tok, path, max_len):
     except Exception as e:  # a cut or edited cache file: not fatal
         print(f"note: the token cache {cached} is unreadable ({type(e).__name__}): tokenizing "
               f"again", file=sys.stderr)
-    rows = read_training_data(path)
-    cols = len(rows[0])
-    ids = tokenize_corpus(tok, [s for r in rows for s in r], max_len)
-    empty = {i // cols for i, x in enumerate(ids) if len(x) <= 2}  # only [CLS] [SEP] left
-    if empty:
-        print(f"note: {len(empty)} row(s) of {path} hold no token once cleaned (only control or "
+    rows = training_rows(path, Progress("corpus", "MB tokenized"))
+    workers = 1
+    if path.stat().st_size >= TOKENIZE_POOL_BYTES:  # the cores at work [issue 54, docs/speed.md]
+        workers = min(os.cpu_count() or 1, 4)  # each holds its own word cache
+    flat, lengths, skipped = tokenize_rows(tok, rows, max_len, workers)
+    if skipped:
+        print(f"note: {skipped} row(s) of {path} hold no token once cleaned (only control or "
               f"zero-width characters): skipped", file=sys.stderr)
-        ids = [x for i, x in enumerate(ids) if i // cols not in empty]
-    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    flat = np.fromiter(itertools.chain.from_iterable(ids), np.int32, int(lengths.sum()))
-    data = TokenizedRows(flat, np.concatenate([[0], np.cumsum(lengths)]), cols, digest)
+    cols = lengths.shape[1]
+    offsets = np.concatenate([[0], np.cumsum(lengths.reshape(-1))])  # [N*C + 1]
+    data = TokenizedRows(flat, offsets, cols, digest)
     with contextlib.suppress(OSError):  # a read-only cache costs the next run the tokenization
         cached.parent.mkdir(parents=True, exist_ok=True)
         with atomic_write(cached, "wb") as f:
@@ -2395,6 +2486,7 @@ def save_checkpoint(run, step, checkpointed, stats):
     if run.rank > 0:  # the other ranks hold the same state
         return
     run.saving = True  # a second signal waits for the checkpoint to be whole
+    start = time.time()
     try:
         state = {"format": 5, "method": run.method, "step": step, "total": run.total,
                  "rows": run.n_rows, "data_sha256": run.data_sha256, "rng": rng_states(),
@@ -2412,7 +2504,8 @@ def save_checkpoint(run, step, checkpointed, stats):
                 raise OSError(errno.ENOSPC, "a write fell short") from e
     finally:
         run.saving = False
-    run.log(f"step {step} | checkpoint saved in {run.out / 'checkpoint.pt'}")
+    run.log(f"step {step} | checkpoint saved in {run.out / 'checkpoint.pt'} "
+            f"({time.time() - start:.1f} s)")  # a phase of the run [issue 54]
 
 
 def catch_signals(run):

@@ -61,18 +61,6 @@ def test_on_a_terminal_the_line_is_updated_in_place_then_erased(monkeypatch):
     )
 
 
-def test_tokenization_shows_progress_and_other_ranks_stay_quiet(monkeypatch, capsys):
-    monkeypatch.setattr(common, "PROGRESS_EVERY", 0.0)
-    tok = tokenizer()
-    common.tokenize_corpus(tok, ["a man is playing ."] * 25_000, 32)
-    err = capsys.readouterr().err.splitlines()
-    assert err[0].startswith("corpus: 10,000/25,000 sentences tokenized"), err
-    assert err[-1].endswith("done"), err
-    monkeypatch.setattr(common, "world", lambda: (1, 2))
-    common.tokenize_corpus(tok, ["a man is playing ."] * 100, 32)
-    assert capsys.readouterr().err == ""
-
-
 # --- --help ---------------------------------------------------------------------------------------
 
 def help_text(capsys, entry, *argv):

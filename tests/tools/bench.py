@@ -318,7 +318,7 @@ def tokenizer_rate(tok, lines, max_len):
     fresh = copy.copy(tok)
     fresh._cache = {}
     start = time.perf_counter()
-    common.tokenize_corpus(fresh, lines, max_len)
+    common.tokenize_rows(fresh, ((t,) for t in lines), max_len, workers=1)
     return len(lines) / (time.perf_counter() - start)
 
 

@@ -15,7 +15,7 @@ the SimCSE training step and in the dev evaluation; 2 the ASCII fast path of bas
 word cache of Tokenizer.encode_word; 4 tokenize_file's .npz token cache; 5 length-sorted batches
 in encode_sentences. DROPPED tricks (on: their old implementation, copied here from the older
 common.py; off: the current code): 6 numpy pad_ids, 7 encode's inlined cache lookup, 8 encode's
-early stop at max_len, 9 tokenize_corpus's process pool (2 workers vs 1), 10 pinned memory (CUDA
+early stop at max_len, 9 tokenize_rows's process pool (2 workers vs 1), 10 pinned memory (CUDA
 only: not measurable on a CPU). Contenders are checked to give the same output before timing.
 
 Contenders take turns repetition by repetition (a change in machine load hits all of them alike);
@@ -33,7 +33,6 @@ import copy
 import gc
 import itertools
 import math
-import multiprocessing
 import os
 import shutil
 import statistics
@@ -145,23 +144,6 @@ class OldEncode(common.Tokenizer):
 
 Inlined = type("Inlined", (OldEncode,), {"inline": True})  # 7 on
 EarlyStop = type("EarlyStop", (OldEncode,), {"stop": True})  # 8 on
-
-
-def _encode_chunk(args):
-    tok, texts, max_len = args
-    return [tok.encode(t, max_len) for t in texts]
-
-
-def pool_tokenize_corpus(tok, texts, max_len=None, workers=2):
-    """9 on: the old tokenize_corpus's parallel branch (forked pool, 4 chunks per worker)."""
-    progress, out = common.Progress("corpus", "sentences tokenized"), []
-    size = math.ceil(len(texts) / (4 * workers))
-    chunks = [(tok, texts[i:i + size], max_len) for i in range(0, len(texts), size)]
-    with multiprocessing.get_context("fork").Pool(workers) as pool:
-        for part in pool.imap(_encode_chunk, chunks):
-            out += part
-            progress(len(out), len(texts))
-    return out
 
 
 @contextlib.contextmanager
@@ -346,17 +328,17 @@ def main(argv=None):
                  parts["hit"], parts["miss"], (parts["miss"] - parts["hit"]) / hit_setup,
                  scale * (parts["miss"] - parts["hit"]) / (rest + scale * parts["hit"])))
 
-    # -- 9: the process pool (old: 2 forked workers; now: serial)
+    # -- 9: the process pool (tokenize_rows: 2 workers vs 1; tokenize_file uses it past 8 MiB)
     for copies in sorted({1, args.pool_copies}):
         texts = lines * copies
-        contenders = {"on": lambda: pool_tokenize_corpus(fresh(common.Tokenizer, tok), texts,
-                                                         cfg.max_len, 2),
-                      "off": lambda: common.tokenize_corpus(fresh(common.Tokenizer, tok), texts,
-                                                            cfg.max_len)}
+        contenders = {"on": lambda: common.tokenize_rows(fresh(common.Tokenizer, tok), (
+                          (t,) for t in texts), cfg.max_len, 2)[0].tolist(),
+                      "off": lambda: common.tokenize_rows(fresh(common.Tokenizer, tok), (
+                          (t,) for t in texts), cfg.max_len, 1)[0].tolist()}
         assert contenders["on"]() == contenders["off"](), "the pool tokenizes differently"
         pool = take_turns(contenders, 2 * R)
         gain = pool["off"] - pool["on"]
-        rows.append(("9 process pool", False, f"set-up: tokenize_corpus {len(texts)} lines, 2 vs 1",
+        rows.append(("9 process pool", False, f"set-up: tokenize_rows {len(texts)} lines, 2 vs 1",
                      pool["on"], pool["off"], gain / (setup + (copies - 1) * parts["miss"]),
                      scale / copies * gain / setup_1m))
     print("tokenizer, token cache and pool timed", flush=True)

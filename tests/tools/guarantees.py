@@ -37,7 +37,7 @@ TESTS = {  # ruler title -> the test files that pin its guarantee, written by ha
         ["test_inputs.py", "test_cli_inputs.py", "test_precision.py", "test_ddp.py",
          "test_run_folders.py", "test_believed_inputs.py"],
     "Training data: text and CSV, tokenized once, a cache on disk":
-        ["test_hostile.py", "test_inputs.py"],
+        ["test_hostile.py", "test_inputs.py", "test_token_arrays.py"],
     "out_dir: a lock, exclusive creation, a log never written through a link":
         ["test_nothing_lost.py", "test_run_folders.py"],
     "Resumable runs: checkpoint.pt, Ctrl-C and SIGTERM":
