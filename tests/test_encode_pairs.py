@@ -6,7 +6,6 @@ import os
 import random
 import signal
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -147,54 +146,3 @@ def test_a_stopped_or_failed_encode_keeps_the_old_pair(world, tmp_path, capsys, 
     assert sorted(os.listdir(tmp_path)) == ["c.txt", "v.json", "v.npy"]
     monkeypatch.undo()
     search(world, tmp_path)
-
-
-def test_sigkill_at_random_moments_leaves_the_old_pair_or_the_new(world, tmp_path):
-    encode(world, tmp_path, n=1500)  # the old pair; each round encodes with the other pooler
-    rng, poolers, kept = random.Random(52), ["cls_before_pooler", "avg"], []
-    start = time.time()
-    encode(world, tmp_path, "--pooler", "avg", n=1500)
-    took = time.time() - start  # an encode's whole time: the kill falls anywhere in it
-    for round in range(20):
-        pid = os.fork()
-        if pid == 0:  # the child encodes and is killed; the parent checks what is left
-            try:
-                encode(world, tmp_path, "--pooler", poolers[round % 2], n=None)
-            finally:
-                os._exit(0)
-        time.sleep(rng.uniform(0, 1.2 * took))
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        assert sorted(os.listdir(tmp_path)) == ["c.txt", "v.json", "v.npy"]  # no temporary
-        found = [p for p in poolers if common.described(json.loads(
-            (tmp_path / "v.json").read_text()), tmp_path / "v.npy")["pooler"] == p]
-        assert len(found) == 1
-        search(world, tmp_path, found[0])  # works with the pair that is there
-        kept.append(found[0] != poolers[round % 2])
-    assert any(kept) and not all(kept)  # kills before the new pair was whole, and after
-
-
-@pytest.mark.parametrize("at", ["link 1", "replace 1", "link 2", "replace 2", "replace 3"])
-def test_a_kill_at_each_step_of_the_commit_leaves_a_pair_search_uses(world, tmp_path, at):
-    encode(world, tmp_path)  # the old pair; the child writes the new one and dies at `at`
-    name, k = at.split()
-    pid = os.fork()
-    if pid == 0:
-        real, calls = getattr(os, name), []
-
-        def then_die(*args, **kw):
-            real(*args, **kw)
-            calls.append(1)
-            if len(calls) == int(k):
-                os._exit(9)  # as SIGKILL: no cleanup runs
-        setattr(os, name, then_die)
-        try:
-            encode(world, tmp_path, "--pooler", "avg", n=None)
-        finally:
-            os._exit(0)
-    os.waitpid(pid, 0)
-    about = json.loads((tmp_path / "v.json").read_text())
-    pooler = common.described(about, tmp_path / "v.npy")["pooler"]
-    search(world, tmp_path, pooler)
-    encode(world, tmp_path)  # and the next encode clears a temporary name the kill left
-    assert sorted(os.listdir(tmp_path)) == ["c.txt", "v.json", "v.npy"]
