@@ -1993,11 +1993,8 @@ def read_text(path, flag="data file"):
 
 
 def read_lines(path):
-    """Non-blank lines of a UTF-8 text file, stripped."""
-    lines = [s for s in (line.strip() for line in read_text(path).splitlines()) if s]
-    if not lines:
-        raise UserError(f"data file {path} holds no sentences")
-    return lines
+    """Non-blank lines of a UTF-8 text file, stripped (tests and tools)."""
+    return [row[0] for row in sentence_rows(path, text_lines(path))]
 
 
 def text_lines(path, progress=None):
@@ -2083,11 +2080,6 @@ def csv_rows(path, lines):
         yield row
     if not width:
         raise UserError(bad)
-
-
-def read_training_data(path):
-    """training_rows as a list (tests, small files)."""
-    return list(training_rows(path))
 
 
 TOKENIZE_CHUNK = 10_000  # rows tokenized at a time, in a worker or not
