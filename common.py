@@ -2422,16 +2422,13 @@ def restore_checkpoint(run, checkpointed):
     were after the checkpoint's step -> (that step, its stats)."""
     ckpt = run.resumed
     path = run.out / "checkpoint.pt"
-    if ckpt.get("data_sha256") != run.data_sha256:
-        raise UserError(f"--resume {run.out}: the data file {run.cfg.data} changed since the run "
-                        f"started (its SHA-256 differs); resume with the data it was started on")
-    if ckpt.get("tokenizer_sha256", run.tokenizer_sha256) != run.tokenizer_sha256:
-        raise UserError(f"--resume {run.out}: the tokenizer of {run.cfg.model} changed since the "
-                        f"run started (its vocabulary, ids or merges); resume with the model "
-                        f"folder it was started on")
-    if ckpt.get("dev_sha256", run.dev_sha256) != run.dev_sha256:  # the pairs that pick the best
-        raise UserError(f"--resume {run.out}: the --dev_file {run.cfg.dev_file} changed since the "
-                        f"run started (its SHA-256 differs); resume with the pairs it started on")
+    started = {"data_sha256": f"the data file {run.cfg.data}",  # the files the run started on
+               "tokenizer_sha256": f"the tokenizer of {run.cfg.model} (vocabulary, ids, merges)",
+               "dev_sha256": f"the --dev_file {run.cfg.dev_file}"}  # the pairs that pick the best
+    for key, what in started.items():
+        if ckpt.get(key) != getattr(run, key):
+            raise UserError(f"--resume {run.out}: {what} changed since the run started (its "
+                            f"SHA-256 differs); resume with the one it was started on")
     if (ckpt.get("rows"), ckpt.get("total")) != (run.n_rows, run.total):
         raise UserError(f"--resume {run.out}: the data has {run.n_rows} rows / {run.total} steps "
                         f"now but {ckpt.get('rows')} / {ckpt.get('total')} in the checkpoint")
