@@ -1591,9 +1591,9 @@ def resolve_data(path, flag="--data"):
     once = "" if cached.exists() else " (downloading it once)"
     print(f"note: no {path} here: using SimCSE's {name} from {cached.parent}{once}",
           file=sys.stderr)
-    if cached.exists():
-        return cached
-    return download(f"{HF_ENDPOINT}/{KNOWN_DATA[name]}", cached, flag=flag)
+    if not cached.exists():
+        download(f"{HF_ENDPOINT}/{KNOWN_DATA[name]}", cached, flag=flag)
+    return cached
 
 
 def load_model(run, flag="--model", mlm_head=False):
@@ -1913,8 +1913,6 @@ def check_out_dir(out, overwrite):
 
 
 PROJECT = Path(__file__).resolve().parent  # this project's folder: never an out_dir
-
-
 NAME_MAX = 255  # bytes in one name of a path [POSIX limits.h; ext4, xfs, btrfs, tmpfs]
 
 
