@@ -1338,6 +1338,8 @@ HUB_ERRORS = {  # X-Error-Code -> what it means [huggingface_hub hf_raise_for_st
     "EntryNotFound": "no such file", "RepoNotFound": "no such repository, or a private one",
     "GatedRepo": "accept its terms on the hub, then `huggingface-cli download` it: its cache is "
                  "used from there"}
+MAX_REDIRECTS = 10  # urllib's own limit [urllib.request.HTTPRedirectHandler.max_redirections]
+LOW_SPEED = (1024, 60)  # bytes/s, seconds: slower for that long is cut [curl --speed-limit/-time]
 
 
 def known_names():
@@ -1401,10 +1403,6 @@ def resolve_model(name_or_dir, flag="--model"):
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, *args):  # a 3xx comes back as it is: open_url follows it
         return None
-
-
-MAX_REDIRECTS = 10  # urllib's own limit [urllib.request.HTTPRedirectHandler.max_redirections]
-LOW_SPEED = (1024, 60)  # bytes/s, seconds: slower for that long is cut [curl --speed-limit/-time]
 
 
 def open_url(url, method="GET", headers=None, follow=lambda old, new: True):
@@ -1984,6 +1982,14 @@ def check_positions(model, max_len, extra=0, flag="--model"):
 # --- Training data: text and CSV, tokenized once, a cache on disk ---------------------------------
 # Training data read as UTF-8 text or CSV, streamed into 4-byte ids once; a cache keyed by content.
 
+MAX_SENTENCE_CHARS = 10_000  # [impl] longer ones are cut: 512 tokens fit ~10x over, and a stray
+# megabyte-long line (a file without newlines) would take minutes; training keeps max_len anyway
+TOKENIZE_CHUNK = 10_000  # rows tokenized at a time, in a worker or not
+TOKENIZE_POOL_BYTES = 8 << 20  # [impl] a smaller file in this process: the pool's start-up and
+# its workers' empty word caches outweigh the second core there [docs/speed.md: 5 % on 1.3 MB]
+TOKENIZING = {}  # this process's (or worker's) tokenizer and max_len: its word cache lives on
+
+
 def read_text(path, flag="data file"):
     """A data file's text, checked first (check_data), a byte-order mark dropped."""
     check_data(path, flag)
@@ -2015,10 +2021,6 @@ def text_lines(path, progress=None):
         raise
     if progress:
         progress(size, size)
-
-
-MAX_SENTENCE_CHARS = 10_000  # [impl] longer ones are cut: 512 tokens fit ~10x over, and a stray
-# megabyte-long line (a file without newlines) would take minutes; training keeps max_len anyway
 
 
 def training_rows(path, progress=None):
@@ -2078,12 +2080,6 @@ def csv_rows(path, lines):
         yield row
     if not width:
         raise UserError(bad)
-
-
-TOKENIZE_CHUNK = 10_000  # rows tokenized at a time, in a worker or not
-TOKENIZE_POOL_BYTES = 8 << 20  # [impl] a smaller file in this process: the pool's start-up and
-# its workers' empty word caches outweigh the second core there [docs/speed.md: 5 % on 1.3 MB]
-TOKENIZING = {}  # this process's (or worker's) tokenizer and max_len: its word cache lives on
 
 
 def start_tokenizing(tok, max_len):
@@ -2552,6 +2548,10 @@ def exit_on_signal(run, step):
 # --- The run: the operations a train() calls, its log lines ---------------------------------------
 # One object holds a run's life; its log shows every wait and reads the GPU only when it prints.
 
+PROGRESS_EVERY = 10.0  # seconds between progress lines in a log (not a terminal)
+TEST_SENTENCES = 26_083  # the distinct sentences of the 7 STS test sets, each encoded once
+
+
 class Progress:
     """progress(done, total) -> a line on stderr: in place on a terminal (erased at the end: what
     follows says it), else one every PROGRESS_EVERY seconds (a log, and its last); rank 0 only."""
@@ -2576,9 +2576,6 @@ class Progress:
             print("\r" + (line if not last else "") + "\033[K", end="", file=sys.stderr, flush=True)
         elif not last or long:
             print(line, file=sys.stderr, flush=True)
-
-
-PROGRESS_EVERY = 10.0  # seconds between progress lines in a log (not a terminal)
 
 
 def skipped_steps(opt, sched):
@@ -2633,9 +2630,6 @@ def seconds_left(run, step, per_step):
     table = TEST_SENTENCES / (2 * len(run.dev_pairs[0])) if run.cfg.test == "sts" else 0
     each = sum(run.eval_times) / max(len(run.eval_times), 1)
     return (run.total - step) * per_step + each * (evals + table)
-
-
-TEST_SENTENCES = 26_083  # the distinct sentences of the 7 STS test sets, each encoded once
 
 
 def log_dev(run, step, dev, stats, best):
