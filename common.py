@@ -2145,7 +2145,7 @@ def tokenize_file(tok, path, max_len):
     repeat run's set-up: 2.2x as fast [docs/speed.md]) -> (TokenizedRows, seconds, cache hit?)."""
     start = time.time()
     path = Path(path)
-    check_data(path)  # before hashing it (a FIFO would hang); read_text checks it too
+    check_data(path)  # before hashing it (a FIFO would hang); text_lines checks it too
     digest = sha256_file(path)
     key = f"{digest} {path.suffix} {tokenizer_sha256(tok)} {max_len}"
     cached = CACHE / "tokens" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz"
