@@ -1338,6 +1338,8 @@ HUB_ERRORS = {  # X-Error-Code -> what it means [huggingface_hub hf_raise_for_st
     "EntryNotFound": "no such file", "RepoNotFound": "no such repository, or a private one",
     "GatedRepo": "accept its terms on the hub, then `huggingface-cli download` it: its cache is "
                  "used from there"}
+MAX_REDIRECTS = 10  # urllib's own limit [urllib.request.HTTPRedirectHandler.max_redirections]
+LOW_SPEED = (1024, 60)  # bytes/s, seconds: slower for that long is cut [curl --speed-limit/-time]
 
 
 def known_names():
@@ -1401,10 +1403,6 @@ def resolve_model(name_or_dir, flag="--model"):
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, *args):  # a 3xx comes back as it is: open_url follows it
         return None
-
-
-MAX_REDIRECTS = 10  # urllib's own limit [urllib.request.HTTPRedirectHandler.max_redirections]
-LOW_SPEED = (1024, 60)  # bytes/s, seconds: slower for that long is cut [curl --speed-limit/-time]
 
 
 def open_url(url, method="GET", headers=None, follow=lambda old, new: True):
@@ -1591,9 +1589,9 @@ def resolve_data(path, flag="--data"):
     once = "" if cached.exists() else " (downloading it once)"
     print(f"note: no {path} here: using SimCSE's {name} from {cached.parent}{once}",
           file=sys.stderr)
-    if cached.exists():
-        return cached
-    return download(f"{HF_ENDPOINT}/{KNOWN_DATA[name]}", cached, flag=flag)
+    if not cached.exists():
+        download(f"{HF_ENDPOINT}/{KNOWN_DATA[name]}", cached, flag=flag)
+    return cached
 
 
 def load_model(run, flag="--model", mlm_head=False):
@@ -1913,8 +1911,6 @@ def check_out_dir(out, overwrite):
 
 
 PROJECT = Path(__file__).resolve().parent  # this project's folder: never an out_dir
-
-
 NAME_MAX = 255  # bytes in one name of a path [POSIX limits.h; ext4, xfs, btrfs, tmpfs]
 
 
@@ -1986,6 +1982,14 @@ def check_positions(model, max_len, extra=0, flag="--model"):
 # --- Training data: text and CSV, tokenized once, a cache on disk ---------------------------------
 # Training data read as UTF-8 text or CSV, streamed into 4-byte ids once; a cache keyed by content.
 
+MAX_SENTENCE_CHARS = 10_000  # [impl] longer ones are cut: 512 tokens fit ~10x over, and a stray
+# megabyte-long line (a file without newlines) would take minutes; training keeps max_len anyway
+TOKENIZE_CHUNK = 10_000  # rows tokenized at a time, in a worker or not
+TOKENIZE_POOL_BYTES = 8 << 20  # [impl] a smaller file in this process: the pool's start-up and
+# its workers' empty word caches outweigh the second core there [docs/speed.md: 5 % on 1.3 MB]
+TOKENIZING = {}  # this process's (or worker's) tokenizer and max_len: its word cache lives on
+
+
 def read_text(path, flag="data file"):
     """A data file's text, checked first (check_data), a byte-order mark dropped."""
     check_data(path, flag)
@@ -1993,11 +1997,8 @@ def read_text(path, flag="data file"):
 
 
 def read_lines(path):
-    """Non-blank lines of a UTF-8 text file, stripped."""
-    lines = [s for s in (line.strip() for line in read_text(path).splitlines()) if s]
-    if not lines:
-        raise UserError(f"data file {path} holds no sentences")
-    return lines
+    """Non-blank lines of a UTF-8 text file, stripped (tests and tools)."""
+    return [row[0] for row in sentence_rows(path, text_lines(path))]
 
 
 def text_lines(path, progress=None):
@@ -2020,10 +2021,6 @@ def text_lines(path, progress=None):
         raise
     if progress:
         progress(size, size)
-
-
-MAX_SENTENCE_CHARS = 10_000  # [impl] longer ones are cut: 512 tokens fit ~10x over, and a stray
-# megabyte-long line (a file without newlines) would take minutes; training keeps max_len anyway
 
 
 def training_rows(path, progress=None):
@@ -2083,17 +2080,6 @@ def csv_rows(path, lines):
         yield row
     if not width:
         raise UserError(bad)
-
-
-def read_training_data(path):
-    """training_rows as a list (tests, small files)."""
-    return list(training_rows(path))
-
-
-TOKENIZE_CHUNK = 10_000  # rows tokenized at a time, in a worker or not
-TOKENIZE_POOL_BYTES = 8 << 20  # [impl] a smaller file in this process: the pool's start-up and
-# its workers' empty word caches outweigh the second core there [docs/speed.md: 5 % on 1.3 MB]
-TOKENIZING = {}  # this process's (or worker's) tokenizer and max_len: its word cache lives on
 
 
 def start_tokenizing(tok, max_len):
@@ -2159,7 +2145,7 @@ def tokenize_file(tok, path, max_len):
     repeat run's set-up: 2.2x as fast [docs/speed.md]) -> (TokenizedRows, seconds, cache hit?)."""
     start = time.time()
     path = Path(path)
-    check_data(path)  # before hashing it (a FIFO would hang); read_text checks it too
+    check_data(path)  # before hashing it (a FIFO would hang); text_lines checks it too
     digest = sha256_file(path)
     key = f"{digest} {path.suffix} {tokenizer_sha256(tok)} {max_len}"
     cached = CACHE / "tokens" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz"
@@ -2430,16 +2416,13 @@ def restore_checkpoint(run, checkpointed):
     were after the checkpoint's step -> (that step, its stats)."""
     ckpt = run.resumed
     path = run.out / "checkpoint.pt"
-    if ckpt.get("data_sha256") != run.data_sha256:
-        raise UserError(f"--resume {run.out}: the data file {run.cfg.data} changed since the run "
-                        f"started (its SHA-256 differs); resume with the data it was started on")
-    if ckpt.get("tokenizer_sha256", run.tokenizer_sha256) != run.tokenizer_sha256:
-        raise UserError(f"--resume {run.out}: the tokenizer of {run.cfg.model} changed since the "
-                        f"run started (its vocabulary, ids or merges); resume with the model "
-                        f"folder it was started on")
-    if ckpt.get("dev_sha256", run.dev_sha256) != run.dev_sha256:  # the pairs that pick the best
-        raise UserError(f"--resume {run.out}: the --dev_file {run.cfg.dev_file} changed since the "
-                        f"run started (its SHA-256 differs); resume with the pairs it started on")
+    started = {"data_sha256": f"the data file {run.cfg.data}",  # the files the run started on
+               "tokenizer_sha256": f"the tokenizer of {run.cfg.model} (vocabulary, ids, merges)",
+               "dev_sha256": f"the --dev_file {run.cfg.dev_file}"}  # the pairs that pick the best
+    for key, what in started.items():
+        if ckpt.get(key) != getattr(run, key):
+            raise UserError(f"--resume {run.out}: {what} changed since the run started (its "
+                            f"SHA-256 differs); resume with the one it was started on")
     if (ckpt.get("rows"), ckpt.get("total")) != (run.n_rows, run.total):
         raise UserError(f"--resume {run.out}: the data has {run.n_rows} rows / {run.total} steps "
                         f"now but {ckpt.get('rows')} / {ckpt.get('total')} in the checkpoint")
@@ -2565,6 +2548,10 @@ def exit_on_signal(run, step):
 # --- The run: the operations a train() calls, its log lines ---------------------------------------
 # One object holds a run's life; its log shows every wait and reads the GPU only when it prints.
 
+PROGRESS_EVERY = 10.0  # seconds between progress lines in a log (not a terminal)
+TEST_SENTENCES = 26_083  # the distinct sentences of the 7 STS test sets, each encoded once
+
+
 class Progress:
     """progress(done, total) -> a line on stderr: in place on a terminal (erased at the end: what
     follows says it), else one every PROGRESS_EVERY seconds (a log, and its last); rank 0 only."""
@@ -2589,9 +2576,6 @@ class Progress:
             print("\r" + (line if not last else "") + "\033[K", end="", file=sys.stderr, flush=True)
         elif not last or long:
             print(line, file=sys.stderr, flush=True)
-
-
-PROGRESS_EVERY = 10.0  # seconds between progress lines in a log (not a terminal)
 
 
 def skipped_steps(opt, sched):
@@ -2646,9 +2630,6 @@ def seconds_left(run, step, per_step):
     table = TEST_SENTENCES / (2 * len(run.dev_pairs[0])) if run.cfg.test == "sts" else 0
     each = sum(run.eval_times) / max(len(run.eval_times), 1)
     return (run.total - step) * per_step + each * (evals + table)
-
-
-TEST_SENTENCES = 26_083  # the distinct sentences of the 7 STS test sets, each encoded once
 
 
 def log_dev(run, step, dev, stats, best):

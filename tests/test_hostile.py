@@ -87,9 +87,8 @@ def test_csv_is_parsed_as_csv(tmp_path):
     path.write_bytes("\ufeffsent0,sent1,hard_neg\r\n".encode() + b'"a man, sitting","he '
                                                                  b'""sits""\nthere",no\r\n\r\n'
                      b"x,y,z\r\n")
-    assert common.read_training_data(path) == [("a man, sitting", 'he "sits"\nthere', "no"), ("x",
-                                                                                              "y",
-                                                                                              "z")]
+    assert list(common.training_rows(path)) == [("a man, sitting", 'he "sits"\nthere', "no"),
+                                                ("x", "y", "z")]
 
 
 def test_rows_without_a_token_are_skipped_and_counted(world, tmp_path, monkeypatch, capsys):

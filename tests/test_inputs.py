@@ -79,7 +79,7 @@ def test_a_full_disk_is_one_line_and_the_last_checkpoint_stays(table):
 def test_long_lines_are_cut_and_said_once(tmp_path, capsys):
     path = tmp_path / "long.txt"
     path.write_text("short one .\n" + "word " * 5000 + "\n")
-    rows = common.read_training_data(path)
+    rows = list(common.training_rows(path))
     assert [len(r[0]) for r in rows] == [11, common.MAX_SENTENCE_CHARS]
     assert capsys.readouterr().err.count("longer than 10,000 characters were cut") == 1
 

@@ -178,4 +178,4 @@ def test_the_token_cache_is_keyed_by_the_ids_too(world, tmp_path, monkeypatch):
 def test_a_tsv_of_pairs_is_refused(tmp_path):
     (tmp_path / "pairs.tsv").write_text("a man runs .\ta person runs .\n" * 4)
     with pytest.raises(common.UserError, match="a .tsv is not read"):
-        common.read_training_data(tmp_path / "pairs.tsv")
+        list(common.training_rows(tmp_path / "pairs.tsv"))
