@@ -3575,17 +3575,13 @@ def read_sts_pairs(path, flag):
 RUN_FIELDS = ("seed", "out_dir", "resume", "overwrite")  # may differ between the seeds of a setting
 
 
-def read_run(path):
-    """A finished run's folder or its results.json -> its results, with a test table."""
+def read_run(path, flag):
+    """A finished run's folder or its results.json (summarize's, analyze's --runs) -> its results."""
     p = Path(path).expanduser()
-    r = read_json(p / "results.json" if p.is_dir() else p, "summarize: a run's results.json")
-    if not (isinstance(r, dict) and isinstance(r.get("config"), dict)
-            and isinstance(r.get("test"), dict) and "best_dev" in r):
-        raise UserError(f"{path}: not a finished training run's results.json")
-    if not r["test"]:
-        raise UserError(f"{path}: the run has no test table (--test none); run it with --test sts")
-    if not all(type(v) in (int, float) for v in [*r["test"].values(), r["best_dev"]]):
-        raise UserError(f"{path}: a score in its results.json is not a number")
+    r = read_json(p / "results.json" if p.is_dir() else p, f"{flag} {path}: a run's results.json")
+    if not (isinstance(r, dict) and isinstance(r.get("method"), str) and isinstance(
+            r.get("config"), dict) and isinstance(r.get("test"), dict) and "best_dev" in r):
+        raise UserError(f"{flag} {path}: not a finished training run's results.json")
     return r
 
 
@@ -3593,7 +3589,7 @@ def config_difference(a, b):
     """The fields in which two runs' configurations differ, but for RUN_FIELDS (the method too)."""
     fields = [k for k in {**a["config"], **b["config"]} if k not in RUN_FIELDS]
     differ = [k for k in fields if a["config"].get(k, "(none)") != b["config"].get(k, "(none)")]
-    if a.get("method") != b.get("method"):
+    if a["method"] != b["method"]:
         differ.insert(0, "method")
     return differ
 
@@ -3604,8 +3600,13 @@ def summarize(paths):
     seeds]. Runs that differ in more than RUN_FIELDS: one line naming the fields."""
     if len(paths) < 2:
         raise UserError(f"summarize {' '.join(paths)}: 2 runs at least (a standard deviation)")
-    runs = [read_run(path) for path in paths]
-    for path, r in zip(paths[1:], runs[1:]):
+    runs = [read_run(path, "summarize") for path in paths]
+    for path, r in zip(paths, runs):  # each a test table of numbers, of the first run's setting
+        if not r["test"]:
+            raise UserError(f"{path}: the run has no test table (--test none); run it with --test "
+                            f"sts")
+        if not all(type(v) in (int, float) for v in [*r["test"].values(), r["best_dev"]]):
+            raise UserError(f"{path}: a score in its results.json is not a number")
         differ = config_difference(runs[0], r)
         if differ:  # another setting
             raise UserError(f"{paths[0]} and {path} differ in {', '.join(differ)}: not seeds of "
@@ -3936,9 +3937,7 @@ def check_cli_inputs(args, names, modes, runs=()):
 def load_run(path):
     """A finished run's folder or its results.json -> its name and alignment/uniformity history."""
     p = Path(path).expanduser()
-    r = read_json(p / "results.json" if p.is_dir() else p, f"--runs {path}: a run's results.json")
-    if not (isinstance(r, dict) and {"method", "config", "test", "best_dev"} <= set(r)):
-        raise UserError(f"--runs {path}: not a finished training run's results.json")
+    r = read_run(path, "--runs")
     if not (isinstance(r.get("align_uniform"), list) and r["align_uniform"] and all(
             isinstance(x, list) and len(x) == 3 and type(x[0]) is int and all(  # [step, a, u]
                 v is None or type(v) in (int, float) for v in x[1:]) for x in r["align_uniform"])):
