@@ -3144,10 +3144,9 @@ def load_transfer(root, task):
             if not rows:
                 raise ValueError("no samples")
             samples, labels = zip(*[parse_row(task, r) for r in rows])
-            classes = range(len(TREC_CLASSES) if task == "TREC" else 2)  # binary: 0, 1 [SentEval]
-            if not set(labels) <= set(classes):  # a label 2 would be a third class, fitted
-                raise ValueError(f"labels {sorted(set(labels) - set(classes))[:3]} outside "
-                                 f"{classes[0]}-{classes[-1]}")
+            # binary: 0, 1 [SentEval], a label 2 would be a third class, fitted (TREC's: .index)
+            if task != "TREC" and not set(labels) <= {0, 1}:
+                raise ValueError(f"labels {sorted(set(labels) - {0, 1})[:3]} outside 0-1")
             splits[split] = list(samples), list(labels)  # `for line in f`: \n, \r only [sst.py]
     return splits
 
@@ -3225,9 +3224,8 @@ def fit_logregs(X, y, fits, mode):
     for rng, (rows, dev_rows, _) in zip(rngs, fits):
         if dev_rows is None:  # validation_split=0.05: the head of a permutation [classifier.py]
             rows = rows[rng.permutation(len(rows))]
-            cut = int(0.05 * len(rows))
-            dev_rows = rows[:cut]
-            rows = rows[cut:]
+            dev_rows = rows[:int(0.05 * len(rows))]
+            rows = rows[len(dev_rows):]
         train.append(rows)
         dev.append(dev_rows)
     with torch.random.fork_rng(devices=[]):  # torch.manual_seed(1111), then nn.Linear [ibid.]
