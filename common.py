@@ -3230,9 +3230,8 @@ def fit_logregs(X, y, fits, mode):
         dev.append(dev_rows)
     with torch.random.fork_rng(devices=[]):  # torch.manual_seed(1111), then nn.Linear [ibid.]
         torch.manual_seed(SEED)
-        init = nn.Linear(X.size(1) - 1, classes)
-    w = torch.cat([init.weight, init.bias[:, None]], 1).detach().to(device)  # [C, D + 1]
-    w = w.expand(len(fits), -1, -1).clone()  # [F, C, D + 1]; a last column of ones in X: the bias
+        init = nn.Linear(X.size(1) - 1, classes)  # w [F, C, D + 1]: the bias last (X's ones)
+    w = torch.cat([init.weight, init.bias[:, None]], 1).detach().repeat(len(fits), 1, 1).to(device)
     best_w = w.clone()
     state = {"m": torch.zeros_like(w), "v": torch.zeros_like(w),
              "t": torch.zeros(len(fits), 1, 1, device=device)}
@@ -3343,7 +3342,6 @@ def evaluate_transfer(model, tok, root, mode="test", pooler="cls_before_pooler",
     """Test accuracy x 100 per task (dev mode: the cross-validated dev accuracy), MRPC's F1 and
     each task's details, 'Avg' of the printed values [SimCSE evaluation.py --task_set transfer]."""
     start = time.time()
-    fit_mode = "fasttest" if mode == "dev" else mode
     data = {t: {s: length_order(*xy) for s, xy in load_transfer(root, t).items()} for t in tasks}
     unique = sorted({" ".join(w) for splits in data.values() for samples, _ in splits.values()
                      for s in samples for w in (s if isinstance(s, tuple) else [s])})  # once each
@@ -3362,7 +3360,7 @@ def evaluate_transfer(model, tok, root, mode="test", pooler="cls_before_pooler",
         xy = {s: (embed(x), y) for s, (x, y) in splits.items()}
         scheme = {"SST2": dev_split}.get(task, inner_kfold if task in BINARY_FILES else kfold_refit)
         try:
-            dev, test, *yhat = scheme(xy, fit_mode, device)
+            dev, test, *yhat = scheme(xy, "fasttest" if mode == "dev" else mode, device)
         except FoldsError as e:
             raise UserError(f"{task}: {len(splits[list(splits)[0]][1])} samples, too few: {e} "
                             f"[SentEval]; use SentEval's own files") from None
@@ -3574,7 +3572,7 @@ RUN_FIELDS = ("seed", "out_dir", "resume", "overwrite")  # may differ between th
 
 
 def read_run(path, flag):
-    """A finished run's folder or its results.json (summarize's, analyze's --runs) -> its results."""
+    """A finished run's folder or its results.json (summarize's, analyze's --runs) -> results."""
     p = Path(path).expanduser()
     r = read_json(p / "results.json" if p.is_dir() else p, f"{flag} {path}: a run's results.json")
     if not (isinstance(r, dict) and isinstance(r.get("method"), str) and isinstance(
@@ -3780,13 +3778,11 @@ def cli(argv=None):
         sub.choices.get(args.command, parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:  # `python common.py` alone: what it can do
         return parser.print_help()
-    if args.command == "summarize":
-        return run_summarize(args)
-    if args.command != "download" and not args.pooler:  # as SimCSE's tool.py chooses it
+    if getattr(args, "pooler", None) == "":  # as SimCSE's tool.py chooses it
         args.pooler = default_pooler(args.model)
     if args.command != "download":
         return {"eval": run_eval, "analyze": run_analyze, "encode": run_encode,
-                "search": run_search}[args.command](args)
+                "search": run_search, "summarize": run_summarize}[args.command](args)
     what = args.what  # no flag to name in a hint here: the file's place in the cache instead
     if what == "senteval":
         print(download_senteval(flag=None))
