@@ -3233,8 +3233,7 @@ def fit_logregs(X, y, fits, mode):
         init = nn.Linear(X.size(1) - 1, classes)  # w [F, C, D + 1]: the bias last (X's ones)
     w = torch.cat([init.weight, init.bias[:, None]], 1).detach().repeat(len(fits), 1, 1).to(device)
     best_w = w.clone()
-    state = {"m": torch.zeros_like(w), "v": torch.zeros_like(w),
-             "t": torch.zeros(len(fits), 1, 1, device=device)}
+    state = {"m": torch.zeros_like(w), "v": torch.zeros_like(w), "t": w.new_zeros(len(fits), 1, 1)}
     l2 = torch.tensor([reg for _, _, reg in fits], device=device).float().view(-1, 1, 1)
     is_dev = torch.from_numpy(np.stack([np.isin(np.arange(len(X)), d) for d in dev])).to(device)
     best = np.full(len(fits), -1)
