@@ -3641,11 +3641,10 @@ class OneLineErrors(argparse.ArgumentParser):
             known = self._option_string_actions  # difflib: - for _ too
             near = [k for k in known if k.startswith(wanted)] or \
                 difflib.get_close_matches(wanted, known, n=1)  # a prefix's flags, else the nearest
-            message = f"unknown flag {unknown[1]}" + (f"; did you mean {' or '.join(near)}?"
-                                                      if near else "")
-            owner = owner_of(wanted, getattr(self, "fields", None))  # [issue 55]
-            if owner:
-                message = f"unknown flag {wanted}; {owner}"
+            hint = owner_of(wanted, getattr(self, "fields", None))  # another method's [issue 55]
+            if near and not hint:
+                hint = f"did you mean {' or '.join(near)}?"
+            message = f"unknown flag {wanted}" + (f"; {hint}" if hint else "")
         elif dash := re.search(r"arguments: [\u2010-\u2015\u2212]+([^\s=]+)", message):
             message = (f"unknown argument {dash[0][11:]}: it starts with a dash that is not '-' "
                        f"(an en dash from a word processor?); type --{dash[1]}")  # [issue 52]
