@@ -3762,11 +3762,10 @@ def cli(argv=None):
                                 "SICK/, or downstream/); empty: ./SentEval/data/downstream, else "
                                 "~/.cache/simcse-min/senteval, else SimCSE's senteval.tar fetched")
         inputs.add_argument("--pooler", default="", choices=("", *POOLERS), metavar="POOLER",
-                            help="as in "
-                            "SimCSE's evaluation.py: cls_before_pooler the raw [CLS] (unsupervised "
-                            "runs'), cls the pooler on it (supervised); avg, avg_top2, "
-                            "avg_first_last: means; empty: a released model's own (cls for "
-                            "princeton-nlp/sup-simcse-*), else cls_before_pooler")
+                            help="as in SimCSE's evaluation.py: cls_before_pooler the raw [CLS] "
+                            "(unsupervised runs'), cls the pooler on it (supervised); avg, "
+                            "avg_top2, avg_first_last: means; empty: a released model's own (cls "
+                            "for princeton-nlp/sup-simcse-*), else cls_before_pooler")
         run.add_argument("--batch_size", type=int, default=128, help="sentences per encoding batch")
         run.add_argument("--device", default="auto", help="cpu, cuda or mps; auto: cuda, else mps, "
                          "else cpu")
