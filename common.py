@@ -3901,8 +3901,8 @@ def check_cli_inputs(args, names, modes, runs=()):
     for i, name in enumerate(names):  # a known name is fetched when loaded (Part 2, as in training)
         check_model(name, "--compare" if i else "--model")
     runs = [load_run(path) for path in runs]
-    flag, out = ("--json", args.json) if args.command == "eval" else ("--out", getattr(args, "out",
-                                                                                     ""))
+    flag = "--json" if args.command == "eval" else "--out"  # search's --json: a switch
+    out = getattr(args, flag[2:], "")
     if out:  # a folder (analyze) or a file (--json, encode) can be made there: nothing created
         p = Path(out).expanduser().absolute()
         is_dir = args.command == "analyze"
