@@ -2887,9 +2887,10 @@ def analyze_model(model, tok, root, pooler="cls_before_pooler", split="test", ba
     vectors = encode_sentences(model, tok, unique, pooler, batch_size,  # [M, H], as `eval` has them
                                progress=Progress(f"STS-B {split}"))
     va, vb = vectors[[index[s] for s in a]], vectors[[index[s] for s in b]]  # [N, H] each
-    positive, sims = torch.as_tensor(gold > POSITIVE_GOLD), cosine(va, vb)  # [N] bool, sims [N]
+    positive = torch.as_tensor(gold > POSITIVE_GOLD)  # [N] bool
+    sims = cosine(va, vb)  # [N]
     return {"split": f"STS-B {split}", "pooler": pooler, "pairs": len(gold),
-            "positive_pairs": int((gold > POSITIVE_GOLD).sum()), "sentences": len(unique),
+            "positive_pairs": int(positive.sum()), "sentences": len(unique),
             "alignment": alignment(va[positive], vb[positive]), "uniformity": uniformity(vectors),
             "stsb_spearman": 100 * scipy.stats.spearmanr(sims, gold)[0],
             "singular_values": singular_values(vectors).tolist(),
@@ -2968,7 +2969,8 @@ class Axes:
         return self.top + self.h - (y - lo) / (hi - lo) * self.h
 
     def frame(self, title, xlabel, ylabel, xticks=None, xgrid=True):  # x tick labels: 1-2 lines
-        s, left, top, bottom = self.svg, self.left, self.top, self.top + self.h
+        s, left, top = self.svg, self.left, self.top
+        bottom = top + self.h
         for t, label in nice_ticks(*self.ylim, log=self.ylog):  # grid line, tick, label
             s.line(left, self.py(t), left + self.w, self.py(t), "#e0e0e0")
             s.line(left - 4, self.py(t), left, self.py(t))
@@ -2985,7 +2987,8 @@ class Axes:
         s.text(left - 52, top + self.h / 2, ylabel, 12, rotate=True)
 
     def legend(self, entries, x, y, notes=()):  # entries (label, color, kind), notes below in grey
-        s, rows = self.svg, 18 * len(entries)
+        s = self.svg
+        rows = 18 * len(entries)
         width = 40 + 6.5 * max(len(label) for label, _, _ in entries)
         s.rect(x - 6, y - 12, width, rows + 6, fill="#fff", stroke="#999")
         for yy, (label, color, kind) in zip(range(y, y + rows, 18), entries):
@@ -3066,7 +3069,8 @@ def plot_similarity_by_score(models, path):
             if g["count"]:
                 x0 = ax.px(i + 0.1 + k * width + 0.1 * width)
                 x1 = ax.px(i + 0.1 + (k + 1) * width - 0.1 * width)
-                q25, q75, xm = ax.py(g["q25"]), ax.py(g["q75"]), (x0 + x1) / 2
+                q25, q75 = ax.py(g["q25"]), ax.py(g["q75"])
+                xm = (x0 + x1) / 2
                 svg.line(xm, ax.py(g["q05"]), xm, ax.py(g["q95"]), m["color"], 1.2)
                 svg.rect(x0, q75, x1 - x0, q25 - q75, m["color"], m["color"], 1, 0.35)
                 svg.line(x0, ax.py(g["median"]), x1, ax.py(g["median"]), "#000", 1.5)
@@ -3112,7 +3116,8 @@ def load_transfer(root, task):
         pos, neg = ([line.split() for line in (Path(root) / task / name).read_text(
             encoding="latin-1").splitlines()] for name in BINARY_FILES[task])
         return {"all": (pos + neg, [1] * len(pos) + [0] * len(neg))}
-    splits, (encoding, sep) = {}, ("latin-1", ":") if task == "TREC" else ("utf-8", "\t")
+    splits = {}
+    encoding, sep = ("latin-1", ":") if task == "TREC" else ("utf-8", "\t")
     for split, rel in SPLIT_PATHS[task].items():
         with malformed_file(Path(root) / rel), open(Path(root) / rel, encoding=encoding) as f:
             rows = [line.strip().split(sep, 1 if sep == ":" else -1)  # MRPC: a header first
@@ -3120,10 +3125,9 @@ def load_transfer(root, task):
             if not rows:
                 raise ValueError("no samples")
             samples, labels = zip(*[parse_row(task, r) for r in rows])
-            classes = range(len(TREC_CLASSES) if task == "TREC" else 2)  # binary: 0, 1 [SentEval]
-            if not set(labels) <= set(classes):  # a label 2 would be a third class, fitted
-                raise ValueError(f"labels {sorted(set(labels) - set(classes))[:3]} outside "
-                                 f"{classes[0]}-{classes[-1]}")
+            # binary: 0, 1 [SentEval], a label 2 would be a third class, fitted (TREC's: .index)
+            if task != "TREC" and not set(labels) <= {0, 1}:
+                raise ValueError(f"labels {sorted(set(labels) - {0, 1})[:3]} outside 0-1")
             splits[split] = list(samples), list(labels)  # `for line in f`: \n, \r only [sst.py]
     return splits
 
@@ -3172,7 +3176,8 @@ def logreg_step(w, grad, state, l2, live, optim):
     m = state["m"] = torch.where(live, state["m"].lerp(grad, 1 - 0.9), state["m"])
     v = state["v"] = torch.where(live, state["v"] * 0.999 + (1 - 0.999) * grad * grad, state["v"])
     t = state["t"].double().clamp(min=1)
-    step, bias2 = (1e-3 / (1 - 0.9 ** t)).float(), (1 - 0.999 ** t).sqrt().float()
+    step = (1e-3 / (1 - 0.9 ** t)).float()
+    bias2 = (1 - 0.999 ** t).sqrt().float()
     return torch.where(live, w - step * m / (v.sqrt() / bias2 + 1e-8), w)
 
 
@@ -3180,7 +3185,8 @@ def fit_batches(fits, rngs, size, device):
     """One epoch's rows [F, S * size] (a fresh permutation per fit) and each row's share of its
     batch's mean loss (0: padding, where a fit's epoch is shorter than the longest)."""
     steps = max(-(-len(rows) // size) for rows in fits)
-    order, share = np.zeros((len(fits), steps * size), int), np.zeros((len(fits), steps * size))
+    order = np.zeros((len(fits), steps * size), int)
+    share = np.zeros((len(fits), steps * size))
     for i, (rows, rng) in enumerate(zip(fits, rngs)):
         n = len(rows)
         order[i, :n] = rows[rng.permutation(n)]
@@ -3191,25 +3197,30 @@ def fit_batches(fits, rngs, size, device):
 def fit_logregs(X, y, fits, mode):
     """SentEval's PyTorchClassifier.fit for each (train rows, dev rows or None: a 5 % split of the
     train rows, L2 weight), all at once: (best weights [F, C, D + 1], best dev correct [F])."""
-    cfg, device, classes = TRANSFER_MODES[mode], X.device, int(y.max()) + 1
+    cfg = TRANSFER_MODES[mode]
+    classes = int(y.max()) + 1
+    device = X.device
     rngs = [np.random.RandomState(SEED) for _ in fits]  # np.random.seed(1111) per classifier
     train, dev = [], []
     for rng, (rows, dev_rows, _) in zip(rngs, fits):
         if dev_rows is None:  # validation_split=0.05: the head of a permutation [classifier.py]
             rows = rows[rng.permutation(len(rows))]
-            rows, dev_rows = rows[int(0.05 * len(rows)):], rows[:int(0.05 * len(rows))]
-        train.append(rows), dev.append(dev_rows)
+            dev_rows = rows[:int(0.05 * len(rows))]
+            rows = rows[len(dev_rows):]
+        train.append(rows)
+        dev.append(dev_rows)
     with torch.random.fork_rng(devices=[]):  # torch.manual_seed(1111), then nn.Linear [ibid.]
         torch.manual_seed(SEED)
-        init = nn.Linear(X.size(1) - 1, classes)
-    w = torch.cat([init.weight, init.bias[:, None]], 1).detach().to(device)  # [C, D + 1]
-    w = w.expand(len(fits), -1, -1).clone()  # [F, C, D + 1]; a last column of ones in X: the bias
-    best_w, state = w.clone(), {"m": torch.zeros_like(w), "v": torch.zeros_like(w),
-                                "t": torch.zeros(len(fits), 1, 1, device=device)}
+        init = nn.Linear(X.size(1) - 1, classes)  # w [F, C, D + 1]: the bias last (X's ones)
+    w = torch.cat([init.weight, init.bias[:, None]], 1).detach().repeat(len(fits), 1, 1).to(device)
+    best_w = w.clone()
+    state = {"m": torch.zeros_like(w), "v": torch.zeros_like(w), "t": w.new_zeros(len(fits), 1, 1)}
     l2 = torch.tensor([reg for _, _, reg in fits], device=device).float().view(-1, 1, 1)
     is_dev = torch.from_numpy(np.stack([np.isin(np.arange(len(X)), d) for d in dev])).to(device)
-    best, misses, live, epoch = np.full(len(fits), -1), np.zeros(len(fits), int), np.arange(
-        len(fits)), 0  # live: the fits still training
+    best = np.full(len(fits), -1)
+    misses = np.zeros(len(fits), int)
+    live = np.arange(len(fits))  # the fits still training
+    epoch = 0
     while len(live) and epoch <= MAX_EPOCH:  # `while not stop_train and nepoch <= max_epoch`
         sub = {k: v[live] for k, v in state.items()}
         ws, l2s = w[live], l2[live]
@@ -3218,7 +3229,8 @@ def fit_logregs(X, y, fits, mode):
                                               cfg["batch_size"], device)
             for s in range(steps):
                 cols = slice(s * cfg["batch_size"], (s + 1) * cfg["batch_size"])
-                x, target, weight = X[order[:, cols]], y[order[:, cols]], share[:, cols, None]
+                x, target = X[order[:, cols]], y[order[:, cols]]
+                weight = share[:, cols, None]
                 p = (x @ ws.transpose(1, 2)).softmax(-1)  # [F, B, C]
                 grad = ((p - F.one_hot(target, classes)) * weight).transpose(1, 2) @ x  # dCE/dw
                 ws = logreg_step(ws, grad, sub, l2s, weight[:, :1] > 0, cfg["optim"])
@@ -3231,7 +3243,8 @@ def fit_logregs(X, y, fits, mode):
         best_w[live[better]] = ws[torch.from_numpy(better).to(device)]
         misses[live[~better]] += 1  # tenacity: misses beyond it stop a fit, never reset
         best[live] = np.maximum(best[live], correct)
-        live, epoch = live[better | (misses[live] <= cfg["tenacity"])], epoch + cfg["epoch_size"]
+        live = live[better | (misses[live] <= cfg["tenacity"])]
+        epoch += cfg["epoch_size"]
     return best_w, best, np.array([len(d) for d in dev])
 
 
@@ -3264,7 +3277,8 @@ def inner_kfold(splits, mode="test", device="cpu"):
     """MR, CR, SUBJ, MPQA ({'all': (X, y)}): k outer folds; in each, the L2 weight with the best
     mean accuracy over k inner folds, refit on the outer training part (5 % held out to stop it),
     tested on the outer fold [SentEval InnerKFoldClassifier] -> (dev, test accuracy)."""
-    (X, y, _), k = stack(splits, device), TRANSFER_MODES[mode]["kfold"]
+    X, y, _ = stack(splits, device)
+    k = TRANSFER_MODES[mode]["kfold"]
     labels = y.cpu().numpy()
     outer = stratified_kfold(labels, k)
     scores = l2_scores(X, y, [[(rows[a], rows[b]) for a, b in stratified_kfold(labels[rows], k)]
@@ -3272,8 +3286,8 @@ def inner_kfold(splits, mode="test", device="cpu"):
     best_l2 = [L2_GRID[int(np.argmax(s))] for s in scores]
     w, _, _ = fit_logregs(X, y, [(rows, None, r) for (rows, _), r in zip(outer, best_l2)], mode)
     tests = [test_percent(w[i], X, y, rows) for i, (_, rows) in enumerate(outer)]
-    dev, test = np.mean([max(s) for s in scores]), np.mean(tests)  # both x 100 already
-    return float(np.round(dev, 2)), float(np.round(test, 2))  # numpy's round [SentEval]
+    dev = np.mean([max(s) for s in scores])  # x 100 already, as the tests
+    return float(np.round(dev, 2)), float(np.round(np.mean(tests), 2))  # numpy's round [SentEval]
 
 
 def kfold_refit(splits, mode="test", device="cpu"):
@@ -3307,12 +3321,13 @@ def evaluate_transfer(model, tok, root, mode="test", pooler="cls_before_pooler",
                       tasks=TRANSFER_TASKS, progress=None):
     """Test accuracy x 100 per task (dev mode: the cross-validated dev accuracy), MRPC's F1 and
     each task's details, 'Avg' of the printed values [SimCSE evaluation.py --task_set transfer]."""
-    start, fit_mode = time.time(), "fasttest" if mode == "dev" else mode
+    start = time.time()
     data = {t: {s: length_order(*xy) for s, xy in load_transfer(root, t).items()} for t in tasks}
     unique = sorted({" ".join(w) for splits in data.values() for samples, _ in splits.values()
                      for s in samples for w in (s if isinstance(s, tuple) else [s])})  # once each
     vectors = encode_sentences(model, tok, unique, pooler, batch_size, progress=progress)  # [N, H]
-    index, device = {s: i for i, s in enumerate(unique)}, next(model.parameters()).device
+    index = {s: i for i, s in enumerate(unique)}
+    device = next(model.parameters()).device
 
     def embed(samples):  # [n, H]; MRPC's pairs -> [|u - v|, u * v] [SentEval mrpc.py]
         if not isinstance(samples[0], tuple):
@@ -3321,10 +3336,11 @@ def evaluate_transfer(model, tok, root, mode="test", pooler="cls_before_pooler",
         return torch.cat([(u - v).abs(), u * v], 1).numpy()
     results, details = {}, {}
     for task, splits in data.items():
-        tick, xy = time.time(), {s: (embed(x), y) for s, (x, y) in splits.items()}
+        tick = time.time()
+        xy = {s: (embed(x), y) for s, (x, y) in splits.items()}
         scheme = {"SST2": dev_split}.get(task, inner_kfold if task in BINARY_FILES else kfold_refit)
         try:
-            dev, test, *yhat = scheme(xy, fit_mode, device)
+            dev, test, *yhat = scheme(xy, "fasttest" if mode == "dev" else mode, device)
         except FoldsError as e:
             raise UserError(f"{task}: {len(splits[list(splits)[0]][1])} samples, too few: {e} "
                             f"[SentEval]; use SentEval's own files") from None
@@ -3410,10 +3426,11 @@ def run_encode(args):
             left.unlink()  # link and the rename of atomic_write: our names, under our lock
         old = encoded_before(out)
         n, corpus_sha256 = count_lines(args.input, "--input")
-        tok, model = Tokenizer.from_pretrained(args.model), Bert.from_pretrained(args.model)
-        about = vectors_about(args, model.to(device), corpus_sha256, n)
+        tok, model = load_encoder(args.model, device)
+        about = vectors_about(args, model, corpus_sha256, n)
         digest, npy = hashlib.sha256(), hashlib.sha256()  # the corpus as read, the .npy written
-        lines, shown = corpus_lines(args.input, "--input", digest), Progress("encode")
+        lines = corpus_lines(args.input, "--input", digest)
+        shown = Progress("encode")
         header = io.BytesIO()
         np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False,
                                                       "shape": (n, model.cfg.hidden_size)})
@@ -3452,7 +3469,7 @@ def run_search(args):
         # UTF-8 arrives as a lone surrogate [PEP 383], which cannot be printed back
         raise UserError("--query holds a byte that is not UTF-8: type it in UTF-8")
     n, corpus_sha256 = count_lines(args.corpus, "--corpus")
-    tok, model = Tokenizer.from_pretrained(args.model), Bert.from_pretrained(args.model).to(device)
+    tok, model = load_encoder(args.model, device)
     if args.vectors:  # encode's .npy, mapped (never read whole), checked against its JSON
         corpus = read_vectors(args, model, corpus_sha256, n)
     else:  # a large corpus: encode it once, then search with --vectors
@@ -3465,7 +3482,8 @@ def run_search(args):
         chunk = torch.from_numpy(np.array(corpus[start:start + CHUNK_LINES])).to(device)  # [c, H]
         top = (F.normalize(q.to(device), dim=-1) @ F.normalize(chunk, dim=-1).T).topk(
             min(args.top_k, len(chunk)), dim=1)  # of the cosines [Q, c]
-        scores, rows = scores + [top.values], rows + [top.indices + start]
+        scores.append(top.values)
+        rows.append(top.indices + start)
     best = torch.cat(scores, 1).topk(min(args.top_k, n), dim=1)  # [Q, k]
     rows = torch.cat(rows, 1).gather(1, best.indices)  # [Q, k] corpus rows
     hits = set(rows.flatten().tolist())
@@ -3533,17 +3551,13 @@ def read_sts_pairs(path, flag):
 RUN_FIELDS = ("seed", "out_dir", "resume", "overwrite")  # may differ between the seeds of a setting
 
 
-def read_run(path):
-    """A finished run's folder or its results.json -> its results, with a test table."""
+def read_run(path, flag):
+    """A finished run's folder or its results.json (summarize's, analyze's --runs) -> results."""
     p = Path(path).expanduser()
-    r = read_json(p / "results.json" if p.is_dir() else p, "summarize: a run's results.json")
-    if not (isinstance(r, dict) and isinstance(r.get("config"), dict)
-            and isinstance(r.get("test"), dict) and "best_dev" in r):
-        raise UserError(f"{path}: not a finished training run's results.json")
-    if not r["test"]:
-        raise UserError(f"{path}: the run has no test table (--test none); run it with --test sts")
-    if not all(type(v) in (int, float) for v in [*r["test"].values(), r["best_dev"]]):
-        raise UserError(f"{path}: a score in its results.json is not a number")
+    r = read_json(p / "results.json" if p.is_dir() else p, f"{flag} {path}: a run's results.json")
+    if not (isinstance(r, dict) and isinstance(r.get("method"), str) and isinstance(
+            r.get("config"), dict) and isinstance(r.get("test"), dict) and "best_dev" in r):
+        raise UserError(f"{flag} {path}: not a finished training run's results.json")
     return r
 
 
@@ -3551,7 +3565,7 @@ def config_difference(a, b):
     """The fields in which two runs' configurations differ, but for RUN_FIELDS (the method too)."""
     fields = [k for k in {**a["config"], **b["config"]} if k not in RUN_FIELDS]
     differ = [k for k in fields if a["config"].get(k, "(none)") != b["config"].get(k, "(none)")]
-    if a.get("method") != b.get("method"):
+    if a["method"] != b["method"]:
         differ.insert(0, "method")
     return differ
 
@@ -3562,8 +3576,13 @@ def summarize(paths):
     seeds]. Runs that differ in more than RUN_FIELDS: one line naming the fields."""
     if len(paths) < 2:
         raise UserError(f"summarize {' '.join(paths)}: 2 runs at least (a standard deviation)")
-    runs = [read_run(path) for path in paths]
-    for path, r in zip(paths[1:], runs[1:]):
+    runs = [read_run(path, "summarize") for path in paths]
+    for path, r in zip(paths, runs):  # each a test table of numbers, of the first run's setting
+        if not r["test"]:
+            raise UserError(f"{path}: the run has no test table (--test none); run it with --test "
+                            f"sts")
+        if not all(type(v) in (int, float) for v in [*r["test"].values(), r["best_dev"]]):
+            raise UserError(f"{path}: a score in its results.json is not a number")
         differ = config_difference(runs[0], r)
         if differ:  # another setting
             raise UserError(f"{paths[0]} and {path} differ in {', '.join(differ)}: not seeds of "
@@ -3599,14 +3618,14 @@ class OneLineErrors(argparse.ArgumentParser):
 
     def error(self, message):
         if unknown := re.match(r"unrecognized arguments: (--[^\s=]+)", message):  # the first
-            wanted, known = unknown[1], self._option_string_actions  # difflib: - for _ too
+            wanted = unknown[1]
+            known = self._option_string_actions  # difflib: - for _ too
             near = [k for k in known if k.startswith(wanted)] or \
                 difflib.get_close_matches(wanted, known, n=1)  # a prefix's flags, else the nearest
-            message = f"unknown flag {unknown[1]}" + (f"; did you mean {' or '.join(near)}?"
-                                                      if near else "")
-            owner = owner_of(wanted, getattr(self, "fields", None))  # [issue 55]
-            if owner:
-                message = f"unknown flag {wanted}; {owner}"
+            hint = owner_of(wanted, getattr(self, "fields", None))  # another method's [issue 55]
+            if near and not hint:
+                hint = f"did you mean {' or '.join(near)}?"
+            message = f"unknown flag {wanted}" + (f"; {hint}" if hint else "")
         elif dash := re.search(r"arguments: [\u2010-\u2015\u2212]+([^\s=]+)", message):
             message = (f"unknown argument {dash[0][11:]}: it starts with a dash that is not '-' "
                        f"(an en dash from a word processor?); type --{dash[1]}")  # [issue 52]
@@ -3724,11 +3743,10 @@ def cli(argv=None):
                                 "SICK/, or downstream/); empty: ./SentEval/data/downstream, else "
                                 "~/.cache/simcse-min/senteval, else SimCSE's senteval.tar fetched")
         inputs.add_argument("--pooler", default="", choices=("", *POOLERS), metavar="POOLER",
-                            help="as in "
-                            "SimCSE's evaluation.py: cls_before_pooler the raw [CLS] (unsupervised "
-                            "runs'), cls the pooler on it (supervised); avg, avg_top2, "
-                            "avg_first_last: means; empty: a released model's own (cls for "
-                            "princeton-nlp/sup-simcse-*), else cls_before_pooler")
+                            help="as in SimCSE's evaluation.py: cls_before_pooler the raw [CLS] "
+                            "(unsupervised runs'), cls the pooler on it (supervised); avg, "
+                            "avg_top2, avg_first_last: means; empty: a released model's own (cls "
+                            "for princeton-nlp/sup-simcse-*), else cls_before_pooler")
         run.add_argument("--batch_size", type=int, default=128, help="sentences per encoding batch")
         run.add_argument("--device", default="auto", help="cpu, cuda or mps; auto: cuda, else mps, "
                          "else cpu")
@@ -3738,16 +3756,18 @@ def cli(argv=None):
         sub.choices.get(args.command, parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:  # `python common.py` alone: what it can do
         return parser.print_help()
-    if args.command == "summarize":
-        return run_summarize(args)
-    if args.command != "download" and not args.pooler:  # as SimCSE's tool.py chooses it
+    if getattr(args, "pooler", None) == "":  # as SimCSE's tool.py chooses it
         args.pooler = default_pooler(args.model)
     if args.command != "download":
         return {"eval": run_eval, "analyze": run_analyze, "encode": run_encode,
-                "search": run_search}[args.command](args)
+                "search": run_search, "summarize": run_summarize}[args.command](args)
     what = args.what  # no flag to name in a hint here: the file's place in the cache instead
-    print(download_senteval(flag=None) if what == "senteval" else resolve_data(what, flag=None)
-          if what in KNOWN_DATA else resolve_model(what, flag=None))
+    if what == "senteval":
+        print(download_senteval(flag=None))
+    elif what in KNOWN_DATA:
+        print(resolve_data(what, flag=None))
+    else:
+        print(resolve_model(what, flag=None))
 
 
 def add_command_flags(ev, an, en, se):
@@ -3787,10 +3807,12 @@ def run_eval(args):
     device, root, _ = check_cli_inputs(args, [args.model], [] if args.sts_file else modes)
     own = {"sts_file": {"test": read_sts_pairs(args.sts_file, "--sts_file")}} \
         if args.sts_file else None  # your pairs, a key no table has, whatever the file's name
-    tok, model = Tokenizer.from_pretrained(args.model), Bert.from_pretrained(args.model).to(device)
-    results, run, shown = {}, (args.pooler, args.batch_size), Progress(f"STS {modes[0]}")
+    tok, model = load_encoder(args.model, device)
+    results = {}
+    run = (args.pooler, args.batch_size)
     if modes[0] != "transfer":  # fasttest's STS table: the test one [SimCSE evaluation.py]
-        results = evaluate_sts(model, tok, root, modes[0], *run, tasks=own, progress=shown)
+        results = evaluate_sts(model, tok, root, modes[0], *run, tasks=own,
+                               progress=Progress(f"STS {modes[0]}"))
     if "transfer" in modes:
         results["transfer"] = evaluate_transfer(model, tok, root, args.mode, *run,
                                                 progress=Progress("transfer"))
@@ -3809,14 +3831,16 @@ def run_eval(args):
 
 def run_analyze(args):
     """Each model on STS-B test and dev, each run's dev path -> analysis.json, 3 SVGs in --out."""
-    names, runs, out = [args.model, *args.compare], list(args.runs), Path(args.out).expanduser()
+    names = [args.model, *args.compare]
+    runs = list(args.runs)
+    out = Path(args.out).expanduser()
     given = [Path(r).expanduser().resolve() for r in runs]  # and each model's own run, if any:
     runs += [found for found in (Path(name).expanduser() / "results.json" for name in names)
              if found.is_file() and found.resolve() not in given]
     device, root, runs = check_cli_inputs(args, names, ["test", "dev"], runs=runs)
     models = []
     for i, name in enumerate(names):
-        tok, model = Tokenizer.from_pretrained(name), Bert.from_pretrained(name).to(device)
+        tok, model = load_encoder(name, device)
         label = Path(str(name)).name or str(name)
         label += f" #{i + 1}" if label in [m["name"] for m in models] else ""
         models.append({"name": label, "path": str(name), "color": COLORS[i % len(COLORS)],
@@ -3839,6 +3863,12 @@ def run_analyze(args):
     return models
 
 
+def load_encoder(name, device):  # a checked model folder or known name (fetched in Part 2)
+    tok = Tokenizer.from_pretrained(name)
+    model = Bert.from_pretrained(name).to(device)
+    return tok, model
+
+
 def check_cli_inputs(args, names, modes, runs=()):
     """Every input checked before any work (the first problem: one UserError line); then the
     output's folder is made. -> (device, SentEval root, the runs loaded)"""
@@ -3852,10 +3882,11 @@ def check_cli_inputs(args, names, modes, runs=()):
     for i, name in enumerate(names):  # a known name is fetched when loaded (Part 2, as in training)
         check_model(name, "--compare" if i else "--model")
     runs = [load_run(path) for path in runs]
-    flag, out = ("--json", args.json) if args.command == "eval" else ("--out", getattr(args, "out",
-                                                                                     ""))
+    flag = "--json" if args.command == "eval" else "--out"  # search's --json: a switch
+    out = getattr(args, flag[2:], "")
     if out:  # a folder (analyze) or a file (--json, encode) can be made there: nothing created
-        p, is_dir = Path(out).expanduser().absolute(), args.command == "analyze"
+        p = Path(out).expanduser().absolute()
+        is_dir = args.command == "analyze"
         written = {"analyze": [p / n for n in ANALYSIS_FILES], "eval": [p],
                    "encode": [p, p.with_suffix(".json")]}[args.command]
         if p.suffix == ".json" and args.command == "encode":  # its JSON would replace it
@@ -3878,9 +3909,7 @@ def check_cli_inputs(args, names, modes, runs=()):
 def load_run(path):
     """A finished run's folder or its results.json -> its name and alignment/uniformity history."""
     p = Path(path).expanduser()
-    r = read_json(p / "results.json" if p.is_dir() else p, f"--runs {path}: a run's results.json")
-    if not (isinstance(r, dict) and {"method", "config", "test", "best_dev"} <= set(r)):
-        raise UserError(f"--runs {path}: not a finished training run's results.json")
+    r = read_run(path, "--runs")
     if not (isinstance(r.get("align_uniform"), list) and r["align_uniform"] and all(
             isinstance(x, list) and len(x) == 3 and type(x[0]) is int and all(  # [step, a, u]
                 v is None or type(v) in (int, float) for v in x[1:]) for x in r["align_uniform"])):
