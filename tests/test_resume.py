@@ -97,8 +97,9 @@ def test_sigkill_at_a_random_step_then_resume_is_bit_identical(method, world, tm
     assert (
         proc.wait() == -signal.SIGKILL
     ), f"seed {seed}: the run ended before the kill: {proc.stderr.read()}"
-    killed_at = checkpoint_step(out)
-    assert 3 <= killed_at < 16 and not (out / "results.json").exists(), f"seed {seed}"
+    killed_at = checkpoint_step(out)  # 16: killed after the last step's checkpoint, which is
+    # there so that the final evaluation and save can be resumed too (a fast machine gets there)
+    assert 3 <= killed_at <= 16 and not (out / "results.json").exists(), f"seed {seed}"
     module = importlib.import_module(f"{method}_min")
     # `--resume DIR` alone: the rest comes from the checkpoint
     module.train(module.Config(resume=str(out)))
