@@ -398,7 +398,8 @@ def selftest(tree, ex, say=print):
 
 
 def main():
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
+    first = " ".join(__doc__.split("\n\n")[0].split())  # the first paragraph, whole
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=first)
     parser.add_argument("command", choices=["list", "start", "check", "reset", "selftest"])
     parser.add_argument("names", nargs="*", help="exercises (selftest: default all)")
     args = parser.parse_args()
