@@ -20,7 +20,6 @@ import io
 import itertools
 import math
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "tools")]
 from mutants import MUTANTS  # noqa: E402
+import mutate  # noqa: E402
 
 Exercise = collections.namedtuple("Exercise", "name file functions equation read tests mutants")
 S, E, P, D, C = "simcse_min.py", "esimcse_min.py", "simcsepp_min.py", "diffcse_min.py", "common.py"
@@ -345,12 +345,7 @@ TOLERANCE = {"mask-tokens": 0.02, "repeat-subwords": 0}  # statistics, not value
 
 def copy_tree(dest):
     """The tracked and untracked files (not ignored), then a commit: a clone's checkout."""
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
-                            capture_output=True, text=True).stdout.splitlines()
-    for name in listed:
-        if (ROOT / name).is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, dest / name)
+    mutate.copy_tree(dest)  # as the mutation check copies the tree
     git = ["git", "-c", "user.name=x", "-c", "user.email=x@x", "-c", "commit.gpgsign=false"]
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "ours"]):
         subprocess.run(git + args, cwd=dest, check=True, capture_output=True)
