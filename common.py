@@ -761,6 +761,14 @@ def mlm_loss(model, ids, mask, tok, gen, views=1, chunk_size=0, ratio=0.15):
     return (nll * chosen).sum() / chosen.sum().clamp(min=1)  # none chosen: 0 [official: NaN]
 
 
+def add_mlm(loss, stats, model, views, B, tok, gen, cfg):
+    """--do_mlm: loss + λ·the MLM loss over every view of the batch (views: ids, mask [V*B, L])
+    [official cl_forward: mlm_weight]; the log shows both."""
+    mlm = mlm_loss(model, *views, tok, gen, len(views[0]) // B, cfg.chunk_size)
+    loss = loss + cfg.mlm_weight * mlm
+    return loss, {**stats, "loss": loss.detach(), "mlm": mlm.detach()}
+
+
 # ==================================================================================================
 # Part 2: operations, safe to skip when learning, one guarantee a section (docs/reliability.md).
 # ==================================================================================================

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from common import (DevSet, LossWatch, Run, all_gather, epoch_batches, evaluate_dev, evaluate_sts,
                     keep_best, main_guard, make_optimizer, optimizer_step, parse_args,
                     save_pretrained, shard, total_steps, upcast)
-from common import mlm_loss  # --do_mlm
+from common import add_mlm  # --do_mlm
 from common import check_positions, pad_ids  # ESimCSE
 
 
@@ -139,15 +139,14 @@ def train_step(model, head, ids, mask, cfg, momentum, queue, rng, tok=None, gen=
     B, device = ids.size(0), next(model.parameters()).device  # ids, mask [B, C, L] on the CPU
     views = make_views(ids, mask, cfg.dup_rate, rng, cfg.compile)  # [2B, L'] each, whole batch
     ids, mask = shard(ids).to(device), shard(mask).to(device)  # [b, C, L]: this process's rows
-    cls = model(*(shard(v, 2).to(device) for v in views), True, cfg.chunk_size)  # [V*b, H]
+    sharded = [shard(v, 2).to(device) for v in views]  # [V*b, L'] each: this process's
+    cls = model(*sharded, cls_only=True, chunk_size=cfg.chunk_size)  # [V*b, H]
     h = all_gather(head(cls), views=len(cls) // len(ids)).view(-1, B, cls.size(-1))  # [V, B, H]
     queued = torch.stack([*queue]) if queue else h.new_zeros(0, h.size(-1))  # [M, H]
     with torch.autocast(h.device.type, enabled=False):  # the loss math in fp32 at least [G-prec]
         loss, stats = loss_fn(upcast(h), upcast(queued), cfg.temp)
     if cfg.do_mlm:  # loss + λ·MLM loss, on every view [official cl_forward: mlm_weight]
-        mlm = mlm_loss(model, *views, tok, gen, len(views[0]) // B, cfg.chunk_size)
-        loss = loss + cfg.mlm_weight * mlm
-        stats = {**stats, "loss": loss.detach(), "mlm": mlm.detach()}
+        loss, stats = add_mlm(loss, stats, model, views, B, tok, gen, cfg)
     if momentum is not None:  # the sentences, through the online head, detached [official code]
         q = head(momentum(ids[:, 0], mask[:, 0], True, cfg.chunk_size)).detach()  # [b, H]
         queue.extend(upcast(all_gather(q)).unbind())  # B rows, every process

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from common import (DevSet, LossWatch, Run, all_gather, epoch_batches, evaluate_dev, evaluate_sts,
                     keep_best, main_guard, make_optimizer, optimizer_step, parse_args,
                     save_pretrained, shard, total_steps, upcast)
-from common import mlm_loss  # --do_mlm
+from common import add_mlm  # --do_mlm
 
 
 # ---- Config
@@ -115,9 +115,7 @@ def train_step(model, head, ids, mask, cfg, tok=None, gen=None):
     with torch.autocast(h.device.type, enabled=False):  # the loss math in fp32 at least [G-prec]
         loss, stats = loss_fn(upcast(h), cfg.temp, cfg.hard_weight)
     if cfg.do_mlm:  # loss + λ·MLM loss, on every view [official cl_forward: mlm_weight]
-        mlm = mlm_loss(model, *views, tok, gen, len(views[0]) // B, cfg.chunk_size)
-        loss = loss + cfg.mlm_weight * mlm
-        stats = {**stats, "loss": loss.detach(), "mlm": mlm.detach()}
+        loss, stats = add_mlm(loss, stats, model, views, B, tok, gen, cfg)
     return loss, stats
 
 

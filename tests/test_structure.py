@@ -27,11 +27,11 @@ DIFF_BUDGET = {"esimcse_min.py": 105, "simcsepp_min.py": 105, "diffcse_min.py": 
 # SentEval's transfer tasks at most 270. A ceiling guards the reader, not the feature: an issue
 # whose feature still needs lines raises its part's ceiling by at most 15 / 35 / 20, named in its
 # note. No function over 60. Issues 51-57 raised them, each raise named with its cause in their
-# closing note: Part 1 750 -> 763, Part 2 1,850 -> 2,086, Part 3 920 -> 1,075 (transfer tasks 270
+# closing note: Part 1 750 -> 771, Part 2 1,850 -> 2,086, Part 3 920 -> 1,075 (transfer tasks 270
 # -> 274). Issues 52 (outputs owned; encode and search believe only what they check), 53 (summarize)
 # and 54 (the training data streamed into flat arrays) needed more than the per-issue cap: their
 # notes give the numbers, for a decision.
-BUDGETS = {"Part 1": 763, "Part 2": 2086, "Part 3": 1075, "transfer tasks": 274}
+BUDGETS = {"Part 1": 771, "Part 2": 2086, "Part 3": 1075, "transfer tasks": 274}
 # The Part 2/3 names Part 1 may call: each says what it does, and nobody needs its details to learn
 # a method [issue 28: at most 6]. A new one fails test_part_1_uses_only_its_seams.
 SEAMS = {"UserError", "read_tokenizer_files", "read_weights", "load_sts", "world"}
