@@ -5,7 +5,6 @@ traceback after the work; the --sts_file rules as docs/using-a-model.md writes t
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 
@@ -14,6 +13,7 @@ import torch
 
 import common
 import simcse_min
+from bad_inputs import unfinished_run
 from tiny_world import make_world
 
 ROOT = common.Path(__file__).resolve().parent.parent
@@ -33,23 +33,6 @@ def one_line(capsys, argv, main=common.cli):
     return err
 
 
-def stopped_run(world, out, monkeypatch, **kw):
-    """A run stopped by SIGTERM after step 2: its checkpoint.pt, for --resume."""
-    real = simcse_min.optimizer_step
-    calls = []
-
-    def step_then_signal(*args):
-        real(*args)
-        calls.append(1)
-        if len(calls) == 2:
-            signal.raise_signal(signal.SIGTERM)
-    monkeypatch.setattr(simcse_min, "optimizer_step", step_then_signal)
-    with pytest.raises(SystemExit):
-        simcse_min.train(simcse_min.Config(**world, device="cpu", batch_size=8, max_steps=4,
-                                           out_dir=str(out), **kw))
-    monkeypatch.undo()
-
-
 def test_the_best_step_is_the_first_of_equal_or_undefined_scores():
     model, best = torch.nn.Linear(2, 2), dict(dev=-math.inf, step=0, state=None)
     for step, dev, kept in ((10, math.nan, 10), (20, math.nan, 10), (30, 50.0, 30),
@@ -58,11 +41,10 @@ def test_the_best_step_is_the_first_of_equal_or_undefined_scores():
         assert best["step"] == kept and best["state"] is not None and best["dev"] != -math.inf
 
 
-def test_a_changed_dev_file_or_a_typed_flag_on_resume_is_one_line(world, tmp_path, capsys,
-                                                                     monkeypatch):
+def test_a_changed_dev_file_or_a_typed_flag_on_resume_is_one_line(world, tmp_path, capsys):
     pairs = tmp_path / "dev.tsv"
     pairs.write_text("a man runs .\ta person runs .\t4\na dog\ta cat\t1\nthe sun\ta car\t0\n")
-    stopped_run(world, tmp_path / "run", monkeypatch, dev_file=str(pairs), test="none")
+    unfinished_run(tmp_path, world, "run", dev_file=str(pairs), test="none")  # a checkpoint
     cfg = common.parse_args(simcse_min.Config, ["--resume", str(tmp_path / "run"), "--test",
                                                 "sts"])  # the default, typed: it contradicts
     with pytest.raises(common.UserError, match="--test sts contradicts the resumed run's none"):

@@ -44,8 +44,9 @@ def set_config(**kw):
     return edit
 
 
-def unfinished_run(tmp, world, name="unfinished", steps=4):
-    """A run of `steps` stopped by SIGTERM at step 2 (checkpoint written), made in-process."""
+def unfinished_run(tmp, world, name="unfinished", steps=4, **kw):
+    """A run of `steps` stopped by SIGTERM at step 2 (checkpoint written), made in-process; kw:
+    more of its Config."""
     import signal
     import simcse_min
     out = Path(tmp) / name
@@ -60,7 +61,7 @@ def unfinished_run(tmp, world, name="unfinished", steps=4):
     simcse_min.optimizer_step = step_then_signal
     try:
         simcse_min.train(simcse_min.Config(**world, device="cpu", batch_size=8, max_steps=steps,
-                                           out_dir=str(out)))
+                                           out_dir=str(out), **kw))
     except SystemExit:
         pass
     finally:
