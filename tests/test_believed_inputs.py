@@ -59,7 +59,7 @@ def test_inputs_are_bounded_and_names_checked_first(world, tmp_path, capsys):
     (tmp_path / "c.txt").write_text("a man .\n" + "x" * 50_000 + "\n")
     argv = [sys.executable, "common.py", "search", "--model", world["model"], "--corpus",
             str(tmp_path / "c.txt"), "--vectors", str(tmp_path / "v.npy"), "--query", "a"]
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "not a regular file" in done.stderr
     lines = list(common.corpus_lines(tmp_path / "c.txt", "--input"))
     assert [len(s) for s in lines] == [7, common.MAX_SENTENCE_CHARS]  # as training cuts

@@ -152,7 +152,7 @@ def test_help_runs():
                                       stderr=subprocess.PIPE) for script in ("common.py",
                                                                              "simcse_min.py")}
     try:  # side by side: each is mostly the import of torch
-        outputs = {script: p.communicate(timeout=60) for script, p in procs.items()}
+        outputs = {script: p.communicate(timeout=300) for script, p in procs.items()}
     finally:
         for p in procs.values():
             p.kill() if p.poll() is None else None
