@@ -79,10 +79,10 @@ def checkpoint_step(out):
 
 
 def killed_after_checkpoint(method, world, out, rng, seconds=300):
-    """Starts the run, waits for its checkpoint at step 3 or 6 (about 2 s here), SIGKILLs it a random
-    moment later -> the checkpoint's step, or None when the run ended first (this process was kept
-    off the CPU for the whole run: nothing tested, the caller tries again). A run short of the
-    checkpoint after `seconds` is stuck: the test fails with its stacks (faulthandler, on SIGABRT)."""
+    """Starts the run, waits for its checkpoint at step 3 or 6 (about 2 s here), SIGKILLs it a
+    random moment later -> the checkpoint's step, or None when the run ended first (this process
+    was kept off the CPU for the whole run: nothing tested, the caller tries again). A run short of
+    the checkpoint after `seconds` is stuck: the test fails with its stacks (from faulthandler)."""
     args = [f"--{k}={v}" for k, v in flags(method, world, out).items()]
     log = out.parent / f"{out.name}.stderr"
     with log.open("wb") as stderr:  # a file, not a pipe: a full pipe would stop the run
