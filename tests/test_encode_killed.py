@@ -16,11 +16,13 @@ from test_encode_pairs import encode, search, world  # noqa: F401 (world: the fi
 
 
 def waited(pid, seconds=120):
-    """os.waitpid with a deadline: a child still running then is killed and the test fails."""
+    """os.waitpid with a deadline -> the child's exit code (-9: SIGKILL); a child still running
+    then is killed and the test fails."""
     deadline = time.time() + seconds
     while time.time() < deadline:
-        if os.waitpid(pid, os.WNOHANG)[0]:
-            return
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
         time.sleep(0.05)
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
@@ -37,13 +39,15 @@ def test_sigkill_at_random_moments_leaves_the_old_pair_or_the_new(world, tmp_pat
         pid = os.fork()
         if pid == 0:  # the child encodes and is killed; the parent checks what is left
             torch.set_num_threads(1)  # the parent's OpenMP threads are not the child's
+            code = 1  # an error in the encode: not a kill, and not a finished encode
             try:
                 encode(world, tmp_path, "--pooler", poolers[round % 2], n=None)
+                code = 0
             finally:
-                os._exit(0)
+                os._exit(code)
         time.sleep(rng.uniform(0, 1.2 * took))
         os.kill(pid, signal.SIGKILL)
-        waited(pid)
+        assert waited(pid) in (0, -signal.SIGKILL)  # finished first, or killed
         assert sorted(os.listdir(tmp_path)) == ["c.txt", "v.json", "v.npy"]  # no temporary
         found = [p for p in poolers if common.described(json.loads(
             (tmp_path / "v.json").read_text()), tmp_path / "v.npy")["pooler"] == p]
@@ -72,7 +76,7 @@ def test_a_kill_at_each_step_of_the_commit_leaves_a_pair_search_uses(world, tmp_
             encode(world, tmp_path, "--pooler", "avg", n=None)
         finally:
             os._exit(0)
-    waited(pid)
+    assert waited(pid) == 9  # it died at `at`: the commit got there
     about = json.loads((tmp_path / "v.json").read_text())
     pooler = common.described(about, tmp_path / "v.npy")["pooler"]
     search(world, tmp_path, pooler)

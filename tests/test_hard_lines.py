@@ -119,6 +119,7 @@ def test_the_encoder_is_called_with_cls_only_named(name):
     tree = ast.parse((ROOT / name).read_text())
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
              and isinstance(n.func, ast.Name) and n.func.id == "model"]
+    assert calls, f"{name}: no call of model(...) found: the check would check nothing"
     for call in calls:
         assert not any(isinstance(a, ast.Constant) and a.value is True for a in call.args), \
             (name, ast.unparse(call))
