@@ -79,8 +79,8 @@ class Tokenizer:
         self.lower = do_lower_case
         self._cache = {}  # word (BPE: pre-token) -> ids
         self.strip_accents = do_lower_case if strip_accents is None else strip_accents  # [HF]
-        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = map(vocab.get,
-                                                                               self.specials)
+        self.special_ids = tuple(map(vocab.get, self.specials))  # never masked [HF collator]
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = self.special_ids
 
     @staticmethod
     def from_pretrained(name_or_dir):
@@ -416,10 +416,11 @@ def pool(states, mask, pooler):
 
 
 def encode_sentences(model, tok, sentences, pooler="cls_before_pooler", batch_size=128,
-                     id_lists=None, progress=None):
+                     id_lists=None, progress=None, finite=True):
     """Vectors [N, H] (float32, CPU) in eval mode, sorted by length to cut padding; pooler as in
     SimCSE's evaluation.py: cls_before_pooler the raw [CLS] (the unsupervised papers' test vector),
-    cls the model's pooler over it. progress(done, total) after each batch."""
+    cls the model's pooler over it. progress(done, total) after each batch. finite: a NaN or inf
+    vector is an error (off at a training run's dev step: a NaN score, which keep_best skips)."""
     if pooler not in POOLERS:
         raise UserError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
     if pooler == "cls" and model.pooler is None:
@@ -445,7 +446,7 @@ def encode_sentences(model, tok, sentences, pooler="cls_before_pooler", batch_si
             if progress:
                 progress(start + len(idx), len(order))
     model.train(was_training)
-    if not torch.isfinite(out).all():  # a broken model: no table of numbers from it [issue 40]
+    if finite and not torch.isfinite(out).all():  # a broken model: no table from it [issue 40]
         raise UserError("the model gives non-finite sentence vectors (NaN or inf): its weights are "
                         "broken (a diverged run?); evaluate another model or checkpoint")
     return out
@@ -532,7 +533,8 @@ class DevSet:
 def evaluate_dev(model, dev, pooler="cls_before_pooler", progress=None):
     """STS-B dev Spearman x 100 of the test vectors' cosines, and the alignment (pairs with gold
     > 4) and uniformity (distinct sentences) of the same vectors [Wang & Isola 2020]."""
-    vectors = encode_sentences(model, dev.tok, None, pooler, 256, dev.ids, progress)  # [3k, H]
+    vectors = encode_sentences(model, dev.tok, None, pooler, 256, dev.ids, progress,  # [3k, H]
+                               finite=False)  # weights gone NaN: the loss check stops the run
     distinct = vectors[dev.distinct].to(next(model.parameters()).device)  # the model's device
     a, b = vectors.chunk(2)  # [1500, H] each: the first and the second sentence of each pair
     positive = torch.as_tensor(dev.gold > POSITIVE_GOLD)  # [1500] bool
@@ -545,7 +547,7 @@ def keep_best(best, step, dev, model):
     """The best STS-B dev score so far, its step and the model's state then, in memory: the test
     table and the saved model use it [official: load_best_model_at_end]. The first evaluation is
     kept whatever it scores; then a higher score only, so a tie or a NaN (constant scores) keeps
-    the first best, and the best step is never -inf [issue 52]."""
+    the first best, and the best score kept is never -inf [issue 52]."""
     first = best["state"] is None
     defined = math.isnan(best["dev"]) and not math.isnan(dev)  # a score beats an undefined one
     if first or defined or dev > best["dev"]:
@@ -752,8 +754,8 @@ def mlm_loss(model, ids, mask, tok, gen, views=1, chunk_size=0, ratio=0.15):
     BERT's: the mean cross-entropy at the chosen tokens [official collator, cl_forward]. Each
     process encodes its rows; the mean is the whole batch's (all_gather), as one process's."""
     ids, mask = ids.to(gen.device), mask.to(gen.device)  # drawn whole: the same masks under DDP
-    specials = (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id)  # [official collator]
-    masked, chosen = mask_tokens(ids, mask, ratio, tok.mask_id, len(tok.vocab), specials, gen)
+    masked, chosen = mask_tokens(ids, mask, ratio, tok.mask_id, len(tok.vocab), tok.special_ids,
+                                 gen)
     masked, ids, mask = (shard(t, views) for t in (masked, ids, mask))  # [v*b, L]: this process's
     logits = model(masked, mask, chunk_size=chunk_size, mlm=True)  # [v*b, L, V]
     nll = F.cross_entropy(upcast(logits).transpose(1, 2), ids, reduction="none")  # [v*b, L]
@@ -1005,7 +1007,8 @@ MODEL_FILES = ("config.json", "vocab.txt", "vocab.json", "merges.txt", "tokenize
                "model.safetensors", "pytorch_model.bin")  # what loading a model folder reads
 SAVED = ("model.safetensors", "config.json", "vocab.txt", "vocab.json", "merges.txt",
          "tokenizer_config.json", "special_tokens_map.json", "modules.json",
-         "sentence_bert_config.json", "1_Pooling/config.json")  # what save_pretrained writes
+         "sentence_bert_config.json", "1_Pooling/config.json", "2_Dense/config.json",
+         "2_Dense/model.safetensors")  # what save_pretrained writes (2_Dense: supervised runs')
 OUTPUTS = ("log.txt", "checkpoint.pt", "results.json", *SAVED)  # what a run writes in out_dir
 
 
@@ -1555,15 +1558,17 @@ def fetch(url, part, have, total):
         done = os.fstat(f.fileno()).st_size
         if done != (have if resumed else 0):
             raise OSError(f"{part} changed while resuming it")
-        total = total or done + (header_int(response.headers, "Content-Length") or 0)
+        length = header_int(response.headers, "Content-Length")  # None: chunked, or to the end
+        total = total or (None if length is None else done + length)  # None: no size stated
         progress = Progress(part.name.removesuffix(".part"), "bytes")
         window = (time.time(), done)  # when the low-speed window began, the bytes then
         while chunk := response.read1(1 << 16):
             f.write(chunk)
             done += len(chunk)
-            progress(done, max(total, done))
-            if done > total:  # a size that lies: no more is read
-                break
+            if total is not None:  # else read to the end [RFC 9112 §6.3]
+                progress(done, max(total, done))
+                if done > total:  # a size that lies: no more is read
+                    break
             if time.time() - window[0] >= LOW_SPEED[1]:
                 if done - window[1] < LOW_SPEED[0] * LOW_SPEED[1]:
                     raise TimeoutError(f"stalled: under {LOW_SPEED[0]} bytes/s for "
@@ -2287,9 +2292,10 @@ def open_out_dir(run):
             raise UserError(f"--out_dir {run.out} appeared after this run checked it (another "
                             f"run starting?): pick another --out_dir") from None
         run.lock = lock_folder(run.out)
-    if (run.out / "1_Pooling").exists() and not (run.out / "1_Pooling").is_dir():
-        raise UserError(f"--out_dir {run.out}: 1_Pooling is a file, where the saved model needs "
-                        f"a folder: move it, or pick another --out_dir")
+    for name in sorted({n.split("/")[0] for n in SAVED if "/" in n}):  # 1_Pooling, 2_Dense
+        if (run.out / name).exists() and not (run.out / name).is_dir():
+            raise UserError(f"--out_dir {run.out}: {name} is a file, where the saved model needs "
+                            f"a folder: move it, or pick another --out_dir")
     left = [p for p in run.out.iterdir() if re.fullmatch(TEMPORARY, p.name)]
     for path in left + [run.out / n for n in OUTPUTS if run.cfg.overwrite]:
         path.unlink(missing_ok=True)  # atomic_write's temporary names: never anybody's file
@@ -2354,7 +2360,8 @@ def load_checkpoint(path):
         raise CheckpointError(f"{path} is not a readable checkpoint ({type(e).__name__})") from None
     if not (isinstance(ckpt, dict) and isinstance(ckpt.get("config"), dict)):
         raise CheckpointError(f"{path} is not a checkpoint of this program")
-    if ckpt.get("format") != 5:  # 5: the best state among the objects, torch's RNGs only
+    if ckpt.get("format") != 6:  # 6: the dev file's SHA-256 too (5: the best state among the
+        # objects, torch's RNGs only)
         raise CheckpointError(f"{path} was written by an older simcse-min (format "
                               f"{ckpt.get('format')!r}); start the run again")
     return ckpt
@@ -2479,7 +2486,7 @@ def save_checkpoint(run, step, checkpointed, stats):
     run.saving = True  # a second signal waits for the checkpoint to be whole
     start = time.time()
     try:
-        state = {"format": 5, "method": run.method, "step": step, "total": run.total,
+        state = {"format": 6, "method": run.method, "step": step, "total": run.total,
                  "rows": run.n_rows, "data_sha256": run.data_sha256, "rng": rng_states(),
                  "tokenizer_sha256": run.tokenizer_sha256, "dev_sha256": run.dev_sha256,
                  "device": run.device.type, "config": dataclasses.asdict(run.cfg),
@@ -3478,7 +3485,7 @@ def run_search(args):
         raise UserError("--query holds a byte that is not UTF-8: type it in UTF-8")
     n, corpus_sha256 = count_lines(args.corpus, "--corpus")
     tok, model = load_encoder(args.model, device)
-    if args.vectors:  # encode's .npy, mapped (never read whole), checked against its JSON
+    if args.vectors:  # encode's .npy, mapped (never whole in memory), checked against its JSON
         corpus = read_vectors(args, model, corpus_sha256, n)
     else:  # a large corpus: encode it once, then search with --vectors
         lines = list(corpus_lines(args.corpus, "--corpus"))
@@ -3647,16 +3654,17 @@ METHODS = {"simcse": "SimCSE", "esimcse": "ESimCSE", "simcsepp": "SimCSE++", "di
 
 
 def owner_of(flag, fields):
-    """"--dup_rate is ESimCSE's: esimcse_min.py" for a flag of another method's Config, on a
-    method's parser (fields: its Config's), else ""."""
+    """"--dup_rate is ESimCSE's: esimcse_min.py" for a flag of other methods' Configs (each one
+    named), on a method's parser (fields: its Config's), else ""."""
     name = flag.removeprefix("--").removeprefix("no_")
     if fields is None or name in fields:  # common.py's commands; or --no_ of a flag not a switch
         return ""
+    owners = []
     for method, title in METHODS.items():
         source = Path(__file__).with_name(f"{method}_min.py").read_text(encoding="utf-8")
         if re.search(rf"^    {re.escape(name)}: \w+ = ", source, re.M):  # a Config field
-            return f"{flag} is {title}'s: {method}_min.py"
-    return ""
+            owners.append(f"{title}'s: {method}_min.py")
+    return f"{flag} is " + ", ".join(owners) if owners else ""
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -3764,8 +3772,8 @@ def cli(argv=None):
         sub.choices.get(args.command, parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:  # `python common.py` alone: what it can do
         return parser.print_help()
-    if getattr(args, "pooler", None) == "":  # as SimCSE's tool.py chooses it
-        args.pooler = default_pooler(args.model)
+    if getattr(args, "pooler", None) == "" and args.command != "analyze":  # analyze: per model
+        args.pooler = default_pooler(args.model)  # as SimCSE's tool.py chooses it
     if args.command != "download":
         return {"eval": run_eval, "analyze": run_analyze, "encode": run_encode,
                 "search": run_search, "summarize": run_summarize}[args.command](args)
@@ -3851,16 +3859,18 @@ def run_analyze(args):
         tok, model = load_encoder(name, device)
         label = Path(str(name)).name or str(name)
         label += f" #{i + 1}" if label in [m["name"] for m in models] else ""
+        pooler = args.pooler or default_pooler(name)  # each model's own, as SimCSE's tool.py's
         models.append({"name": label, "path": str(name), "color": COLORS[i % len(COLORS)],
-                       **{split: analyze_model(model, tok, root, args.pooler, split,
-                                               args.batch_size) for split in ("test", "dev")}})
+                       "pooler": pooler, **{split: analyze_model(model, tok, root, pooler, split,
+                                                                  args.batch_size)
+                                            for split in ("test", "dev")}})
     colors = {Path(m["path"]).expanduser().resolve(): m["color"] for m in reversed(models)}
     for j, r in enumerate(runs):  # a run drawn in its model's colour, else in the next free one
         r["color"] = colors.get(Path(r["path"]).resolve().parent, COLORS[(len(models) + j) % 8])
     plot_plane(models, runs, out / "align_uniform.svg")
     plot_singular_values(models, out / "singular_values.svg")
     plot_similarity_by_score(models, out / "similarity_by_score.svg")
-    analysis = {"pooler": args.pooler, "models": models, "runs": runs}
+    analysis = {"models": models, "runs": runs}  # each model's pooler in its entry
     write_json(out / "analysis.json", analysis, indent=1)
     print(f"{'model':<28} | stsb test | align test | uniform test | align dev | uniform dev")
     for m in models:

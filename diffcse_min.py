@@ -153,8 +153,8 @@ def train_step(model, head, ids, mask, cfg, disc, generator, tok, gen):
     """One encoder pass over both views stacked; each view's corrupted copy is judged given h."""
     B, device = ids.size(0), next(model.parameters()).device  # ids, mask [B, C, L] on the CPU
     ids, mask = (t.to(device) for t in make_views(ids, mask))  # [2B, L]
-    specials = (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id)  # [official collator]
-    masked, _ = mask_tokens(ids, mask, cfg.mask_ratio, tok.mask_id, len(tok.vocab), specials, gen)
+    masked, _ = mask_tokens(ids, mask, cfg.mask_ratio, tok.mask_id, len(tok.vocab),
+                            tok.special_ids, gen)  # [official collator]
     ids, mask, masked = (shard(t, views=2) for t in (ids, mask, masked))  # [2b, L]: this process's
     h = head(all_gather(model(ids, mask, True, cfg.chunk_size), views=2))  # [2B, H], BN over all
     corrupted, labels = corrupt(generator, masked, ids, mask, tok)  # [2b, L]

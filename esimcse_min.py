@@ -135,7 +135,7 @@ def loss_fn(h, queue, temp):
 
 def train_step(model, head, ids, mask, cfg, momentum, queue, rng, tok=None, gen=None):
     """One pass over both views stacked; the momentum vectors then join the queue [official].
-    --do_mlm: a second pass, over the views 15% masked, adds the masked-LM loss [official]."""
+    --do_mlm: one more pass, over the views 15% masked, adds the masked-LM loss [official]."""
     B, device = ids.size(0), next(model.parameters()).device  # ids, mask [B, C, L] on the CPU
     views = make_views(ids, mask, cfg.dup_rate, rng, cfg.compile)  # [2B, L'] each, whole batch
     ids, mask = shard(ids).to(device), shard(mask).to(device)  # [b, C, L]: this process's rows

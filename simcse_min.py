@@ -106,11 +106,12 @@ def loss_fn(h, temp, hard_weight=0.0):
 
 def train_step(model, head, ids, mask, cfg, tok=None, gen=None):
     """One forward pass over all views stacked; dropout samples a fresh mask for every row.
-    --do_mlm: a second pass, over the views 15% masked, adds the masked-LM loss [official]."""
+    --do_mlm: one more pass, over the views 15% masked, adds the masked-LM loss [official]."""
     B, device = ids.size(0), next(model.parameters()).device  # ids, mask [B, C, L] on the CPU
     views = make_views(ids, mask)  # [V*B, L] each, the whole batch: --do_mlm masks them
     ids, mask = shard(ids).to(device), shard(mask).to(device)  # [b, C, L]: this process's rows
-    cls = model(*make_views(ids, mask), cls_only=True, chunk_size=cfg.chunk_size)  # [V*b, H]
+    sharded = [shard(v, len(v) // B).to(device) for v in views]  # [V*b, L] each: this process's
+    cls = model(*sharded, cls_only=True, chunk_size=cfg.chunk_size)  # [V*b, H]
     h = all_gather(head(cls), views=len(cls) // len(ids)).view(-1, B, cls.size(-1))  # [V, B, H]
     with torch.autocast(h.device.type, enabled=False):  # the loss math in fp32 at least [G-prec]
         loss, stats = loss_fn(upcast(h), cfg.temp, cfg.hard_weight)

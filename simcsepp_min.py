@@ -143,11 +143,12 @@ def loss_fn(h, temp, m, lambda_dcl, temp_dcl):
 def train_step(model, head, ids, mask, cfg, tok=None, gen=None):
     """One forward pass over both views stacked, then a pass with every dropout off, with gradient
     [official code]; the head maps all 3*B rows.
-    --do_mlm: a second pass, over the views 15% masked, adds the masked-LM loss [official]."""
+    --do_mlm: one more pass, over the views 15% masked, adds the masked-LM loss [official]."""
     B, device = ids.size(0), next(model.parameters()).device  # ids, mask [B, C, L] on the CPU
     views = make_views(ids, mask)  # [V*B, L] each, the whole batch: --do_mlm masks them
     ids, mask = shard(ids).to(device), shard(mask).to(device)  # [b, C, L]: this process's rows
-    cls = model(*make_views(ids, mask), cls_only=True, chunk_size=cfg.chunk_size)  # [V*b, H]
+    sharded = [shard(v, len(v) // B).to(device) for v in views]  # [V*b, L] each: this process's
+    cls = model(*sharded, cls_only=True, chunk_size=cfg.chunk_size)  # [V*b, H]
     if cfg.off_dropout:
         with dropout_off(model):
             off = model(ids[:, 0], mask[:, 0], cls_only=True, chunk_size=cfg.chunk_size)  # [b, H]

@@ -325,6 +325,10 @@ def released_diffcse(tmp, roberta=False):
         if k.startswith("mlm."):  # BertLMPredictionHead's (RobertaLMHead's) names under lm_head.
             state[re.sub(r"^(cls\.predictions|lm_head)\.", "lm_head.", common.hf_name(k, kind))] = v
     state["lm_head.decoder.weight"] = ours["embeddings.word_embeddings.weight"].clone()
+    # decoder.bias is bias itself: `self.decoder.bias = self.bias` in BertLMPredictionHead and
+    # RobertaLMHead [transformers modeling_bert.py, modeling_roberta.py: "Need a link between the
+    # two variables ..."], and a state_dict names a shared tensor under both names
+    state["lm_head.decoder.bias"] = state["lm_head.bias"]
     generator = "roberta" if roberta else "distilbert"  # distilroberta-base, distilbert-base-...
     state |= {f"generator.{generator}.{common.hf_name(k, generator)}": v.clone()
               for k, v in encoder.items()}

@@ -54,6 +54,17 @@ def test_a_changed_dev_file_or_a_typed_flag_on_resume_is_one_line(world, tmp_pat
         simcse_min.train(simcse_min.Config(resume=str(tmp_path / "run"), device="cpu"))
 
 
+def test_a_checkpoint_of_the_format_before_the_dev_files_hash_is_named_older(world, tmp_path):
+    """A format-5 checkpoint (no dev_sha256) said 'the --dev_file  changed' of a run without one."""
+    unfinished_run(tmp_path, world, "run")
+    path = tmp_path / "run" / "checkpoint.pt"
+    ckpt = torch.load(path, weights_only=True)
+    del ckpt["dev_sha256"]
+    torch.save({**ckpt, "format": 5}, path)
+    with pytest.raises(common.UserError, match=r"written by an older simcse-min \(format 5\)"):
+        simcse_min.train(simcse_min.Config(resume=str(tmp_path / "run"), device="cpu"))
+
+
 def test_inputs_are_bounded_and_names_checked_first(world, tmp_path, capsys):
     os.mkfifo(tmp_path / "v.npy")  # search would wait on it forever
     (tmp_path / "c.txt").write_text("a man .\n" + "x" * 50_000 + "\n")

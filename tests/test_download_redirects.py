@@ -3,6 +3,8 @@ followed to http or https only, at most 10 times, by one rule for the hub and th
 is cut with one line saying to run again, and resumes; a stated size that lies never reaches the
 cache and leaves no .part that fails forever; size headers are ASCII digits or nothing."""
 import email.message
+import http.server
+import threading
 
 import pytest
 
@@ -105,3 +107,27 @@ def test_size_headers_are_ascii_digits_or_nothing(value, size):
 def test_a_stated_size_in_odd_digits_is_no_traceback(hub, tmp_path):
     hub.stated_size = "²"  # before: a ValueError traceback in int()
     assert same_bytes(common.download(url(hub), tmp_path / "m").read_bytes(), BLOB)
+
+
+def test_a_file_of_no_stated_size_is_read_to_its_end(tmp_path):
+    """No Content-Length (HTTP/1.0, the body ends when the connection closes [RFC 9112 §6.3]: a
+    mirror may answer so): the whole body is the file (before: its first 64 KiB, kept as whole)."""
+    class NoSize(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):
+            self.send_response(200)
+            self.end_headers()
+
+        def do_GET(self):
+            self.do_HEAD()
+            for i in range(0, len(BLOB), 1000):
+                self.wfile.write(BLOB[i:i + 1000])
+
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NoSize)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        got = common.download(f"http://127.0.0.1:{server.server_port}/f", tmp_path / "f")
+    finally:
+        server.shutdown()
+    assert same_bytes(got.read_bytes(), BLOB)

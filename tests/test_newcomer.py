@@ -117,6 +117,8 @@ def test_the_readme_gives_the_test_variables_values_as_ci_sets_them():
     (simcse_min, "--m", "SimCSE++'s: simcsepp_min.py"),
     (esimcse_min, "--hard_weight", "SimCSE's: simcse_min.py"),
     (diffcse_min, "--no_off_dropout", "SimCSE++'s: simcsepp_min.py"),
+    (diffcse_min, "--mlm_weight", "SimCSE's: simcse_min.py, ESimCSE's: esimcse_min.py, "
+                                  "SimCSE++'s: simcsepp_min.py"),  # each of them
 ])
 def test_a_flag_of_another_method_names_its_file(module, flag, owner, capsys):
     with pytest.raises(SystemExit) as stop:  # before: "did you mean --data?", or no hint

@@ -107,12 +107,17 @@ def test_the_fp16_schedule_warning_is_filtered():
     assert seen == []
 
 
-def test_pooling_folder_that_is_a_file_is_refused_before_training(world, tmp_path):
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "1_Pooling").write_text("not a folder")
-    with pytest.raises(common.UserError, match="1_Pooling is a file"):
-        importlib.import_module("simcse_min").train(config(world, tmp_path / "out"))
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["1_Pooling"]
+@pytest.mark.parametrize("name", ["1_Pooling", "2_Dense"])
+def test_a_saved_models_folder_that_is_a_file_is_refused_before_training(world, tmp_path, name):
+    """Before any work, and before --overwrite removes the old run's files (2_Dense, a supervised
+    run's, raised FileExistsError once the run had trained and deleted the old model)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).write_text("not a folder")
+    (out / "results.json").write_text("{}")  # the old run's
+    with pytest.raises(common.UserError, match=f"{name} is a file"):
+        importlib.import_module("simcse_min").train(config(world, out, overwrite=True))
+    assert sorted(p.name for p in out.iterdir()) == [name, "results.json"]
 
 
 @pytest.mark.parametrize("cut", ["gold shorter", "one scored pair", "empty dev"])

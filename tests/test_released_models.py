@@ -72,3 +72,23 @@ def test_eval_uses_the_releases_own_pooler_unless_told(hub, tmp_path, capsys):
     with pytest.raises(common.UserError, match="pooler"):
         common.cli(["eval", "--model", facts.DIFFCSE_RELEASED[0], "--senteval", str(root),
                     "--device", "cpu", "--pooler", "cls"])
+
+
+def test_analyze_gives_each_model_its_own_pooler(hub, tmp_path):
+    """analyze --model unsup --compare sup: each release's own test vector, as eval's, not the
+    first model's for all (before: cls_before_pooler for both, or cls for both swapped)."""
+    root = make_senteval(tmp_path / "senteval")
+    sup, unsup = facts.SIMCSE_RELEASED[4], facts.SIMCSE_RELEASED[0]
+    assert (common.RELEASED[sup], common.RELEASED[unsup]) == ("cls", "cls_before_pooler")
+    for names in ([unsup, sup], [sup, unsup]):
+        out = tmp_path / "-".join(n.split("/")[1] for n in names)
+        common.cli(["analyze", "--model", names[0], "--compare", names[1], "--senteval", str(root),
+                    "--device", "cpu", "--out", str(out)])
+        models = json.loads((out / "analysis.json").read_text())["models"]
+        assert [m["pooler"] for m in models] == [common.RELEASED[n] for n in names]
+    cls = tmp_path / "cls"
+    common.cli(["analyze", "--model", unsup, "--compare", sup, "--senteval", str(root),
+                "--device", "cpu", "--out", str(cls), "--pooler", "cls_before_pooler"])
+    told = json.loads((cls / "analysis.json").read_text())["models"]
+    assert [m["pooler"] for m in told] == ["cls_before_pooler"] * 2  # --pooler: every model's
+    assert told[1]["test"]["stsb_spearman"] != models[0]["test"]["stsb_spearman"]

@@ -179,3 +179,22 @@ def test_non_finite_loss_stops_naming_the_step_and_keeps_the_best_model(world, t
     assert results["stopped"].startswith("the loss became nan at step 6")
     assert results["best_step"] in (0, 5)
     assert common.Bert.from_pretrained(out) is not None
+
+
+def test_weights_gone_nan_at_a_dev_step_stop_the_run_keeping_the_best(world, tmp_path, monkeypatch):
+    """NaN weights after a finite loss (an inf gradient): a NaN dev score, passed over, then the
+    loss stops the run, exit 3 (not `eval`'s vector check: exit 2, the best model lost)."""
+    module, out, calls = importlib.import_module("simcse_min"), tmp_path / "out", []
+    real_step = module.optimizer_step
+
+    def step_then_break(loss, opt, *args):
+        real_step(loss, opt, *args)
+        calls.append(1)
+        if len(calls) == 4:  # a dev step (eval_every=4)
+            with torch.no_grad():
+                opt.param_groups[0]["params"][0].fill_(float("nan"))
+    monkeypatch.setattr(module, "optimizer_step", step_then_break)
+    with pytest.raises(common.TrainingStopped, match="at step 5") as stop:
+        module.train(config("simcse", world, out))
+    assert stop.value.exit_code == 3
+    assert json.loads((out / "results.json").read_text())["best_step"] in (0, 4)

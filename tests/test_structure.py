@@ -30,8 +30,10 @@ DIFF_BUDGET = {"esimcse_min.py": 105, "simcsepp_min.py": 105, "diffcse_min.py": 
 # closing note: Part 1 750 -> 771, Part 2 1,850 -> 2,086, Part 3 920 -> 1,075 (transfer tasks 270
 # -> 274). Issues 52 (outputs owned; encode and search believe only what they check), 53 (summarize)
 # and 54 (the training data streamed into flat arrays) needed more than the per-issue cap: their
-# notes give the numbers, for a decision.
-BUDGETS = {"Part 1": 771, "Part 2": 2086, "Part 3": 1075, "transfer tasks": 274}
+# notes give the numbers, for a decision. The review before stop 59 fixed six bugs, named in its
+# note: Part 1 +2 (a NaN dev score at training, not an error), Part 2 +5 (a file of no stated
+# size, 2_Dense a file), Part 3 +3 (analyze's pooler per model, every method owning a flag).
+BUDGETS = {"Part 1": 773, "Part 2": 2091, "Part 3": 1078, "transfer tasks": 274}
 # The Part 2/3 names Part 1 may call: each says what it does, and nobody needs its details to learn
 # a method [issue 28: at most 6]. A new one fails test_part_1_uses_only_its_seams.
 SEAMS = {"UserError", "read_tokenizer_files", "read_weights", "load_sts", "world"}
