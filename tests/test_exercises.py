@@ -63,7 +63,7 @@ def test_start_blanks_under_the_docstring_and_reset_gives_the_bytes_back(tree, n
     exercise.start(ex)  # again: the blank is kept, our body is not saved over
     exercise.reset(ex)
     assert path.read_bytes() == before
-    assert not any(exercise.store(ex, q).exists() for q in ex.functions)
+    assert not any(exercise.store(ex.file, q, tree).exists() for q in ex.functions)
 
 
 def test_reset_without_start_puts_the_last_commits_body_back(tree, monkeypatch):
@@ -87,13 +87,15 @@ def test_blank_keeps_shape_comments_naming_what_each_line_assigns():
 def test_each_known_mistake_is_told_apart_on_the_same_inputs(name):
     """On the probe's inputs ours matches no mutant and each mutant matches itself first."""
     ex = exercise.BY_NAME[name]
-    mutants = exercise.mutants_of(ex)
-    assert len(mutants) == len(ex.mutants)
-    ours = exercise.probe(ex, (ROOT / ex.file).read_text(encoding="utf-8"))
-    probes = [exercise.probe(ex, text) for _, text in mutants]  # what check compares yours with
+    text = (ROOT / ex.file).read_text(encoding="utf-8")
+    mutants, skipped = exercise.mutants_of(ex, text, {q: exercise.function_text(text, q)
+                                                      for q in ex.functions})
+    assert len(mutants) == len(ex.mutants) and not skipped
+    ours = exercise.probe(ex, text)
+    probes = [exercise.probe(ex, t) for _, t in mutants]  # what check compares yours with
     tol = exercise.TOLERANCE.get(name, 1e-6)
     for i, (m, _) in enumerate(mutants):
-        assert not isinstance(probes[i], str), (m.name, probes[i])
+        assert not isinstance(probes[i], BaseException), (m.name, probes[i])
         assert not exercise.same(ours, probes[i], tol), f"{m.name} gives what ours gives"
         assert exercise.same(probes[i], probes[i], tol)
         earlier = [n.name for (n, _), p in zip(mutants[:i], probes) if exercise.same(p, probes[i],
@@ -109,7 +111,8 @@ def cli(tree, *args):
 
 
 def test_one_exercise_end_to_end_through_the_oracle_tests(tree):
-    """info-nce as a learner meets it: blank, one wrong answer named with its why, then ours."""
+    """info-nce as a learner meets it: blank, one wrong answer named with its why, then ours as
+    the answer passes; after reset, nothing is left to grade."""
     path = tree / "simcse_min.py"
     before = path.read_bytes()
     assert cli(tree, "start", "info-nce")[0] == 0
@@ -122,9 +125,12 @@ def test_one_exercise_end_to_end_through_the_oracle_tests(tree):
     path.write_text(exercise.with_function(text, "info_nce", ours), encoding="utf-8")
     code, out = cli(tree, "check", "info-nce")
     assert code == 1 and f"simcse-direction: {wrong.why}" in out, out
-    assert cli(tree, "reset", "info-nce")[0] == 0 and path.read_bytes() == before
+    text = path.read_text(encoding="utf-8")
+    path.write_text(exercise.with_function(text, "info_nce", ours.replace(wrong.new, wrong.old)))
     code, out = cli(tree, "check", "info-nce")
     assert code == 0 and out.startswith("PASS info-nce"), out
+    assert cli(tree, "reset", "info-nce")[0] == 0 and path.read_bytes() == before
+    assert cli(tree, "check", "info-nce")[1].startswith("NOT STARTED info-nce")
     listed = subprocess.run(["git", "status", "--porcelain"], cwd=tree, capture_output=True,
                             text=True).stdout
     assert not listed.strip(), listed  # nothing left in the tree: ours is kept under .git

@@ -25,6 +25,12 @@ MUTANTS = [
            "return F.cross_entropy(logits, torch.arange(len(h1), device=h1.device))",
            "return F.cross_entropy(logits, torch.arange(len(h1), device=h1.device).flip(0))",
            "the positive is another sentence", ["test_simcse.py"]),
+    Mutant("simcse-symmetric", S,
+           "    return F.cross_entropy(logits, torch.arange(len(h1), device=h1.device))",
+           "    labels = torch.arange(len(h1), device=h1.device)\n"
+           "    return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2",
+           "the symmetric (CLIP-style) loss, the mean of both directions: SimCSE takes one",
+           ["test_simcse.py"]),
     Mutant("simcse-direction", S,
            "logits = h1 @ h2.T / temp  # [B, B]",
            "logits = h2 @ h1.T / temp  # [B, B]",
@@ -80,6 +86,11 @@ MUTANTS = [
            "logits = torch.cat([logits, negatives], dim=1)  # [B, B + M]",
            "logits = logits  # [B, B + M]",
            "the queue adds no negatives", ["test_esimcse.py"]),
+    Mutant("esimcse-queue-first", E,
+           "logits = torch.cat([logits, negatives], dim=1)  # [B, B + M]",
+           "logits = torch.cat([negatives, logits], dim=1)  # [B, B + M]",
+           "the queue's logits first but the targets not moved by M: each row's positive is a "
+           "queued vector", ["test_esimcse.py"]),
     Mutant("esimcse-queue-size", E,
            "collections.deque(maxlen=cfg.queue_size)",
            "collections.deque(maxlen=cfg.queue_size + 64)",
@@ -105,6 +116,25 @@ MUTANTS = [
            "torch.diag(positive), h0 @ h0.T / temp)",
            "torch.diag(positive), h1 @ h2.T / temp)",
            "the negatives come from the dropout views", ["test_simcsepp.py"]),
+    Mutant("simcsepp-m-negative-sum", P,
+           "positive = m * (h1 * h2).sum(-1) / temp  # [B]\n"
+           "    logits = torch.where(eye, torch.diag(positive), h0 @ h0.T / temp)",
+           "positive = (h1 * h2).sum(-1) / temp  # [B]\n"
+           "    logits = torch.where(eye, torch.diag(positive), h0 @ h0.T / temp + math.log(m))",
+           "m on the negative sum, as Eq. 3 is written (a constant shift, log m): the official "
+           "code scales the positive logit", ["test_simcsepp.py"]),
+    Mutant("simcsepp-m-negatives", P,
+           "positive = m * (h1 * h2).sum(-1) / temp  # [B]\n"
+           "    logits = torch.where(eye, torch.diag(positive), h0 @ h0.T / temp)",
+           "positive = (h1 * h2).sum(-1) / temp  # [B]\n"
+           "    logits = torch.where(eye, torch.diag(positive), m * h0 @ h0.T / temp)",
+           "m scales the negative logits: the official code scales the positive one",
+           ["test_simcsepp.py"]),
+    Mutant("simcsepp-cross-negatives", P,
+           "torch.diag(positive), h0 @ h0.T / temp)",
+           "torch.diag(positive), h1 @ h0.T / temp)",
+           "the negatives are cos(h1_i, h0_j), a dropout view against the dropout-off pass: "
+           "both sides of a negative come from h0", ["test_simcsepp.py"]),
     Mutant("simcsepp-dcl-variance", P,
            "h.var(0, unbiased=False)",
            "h.var(0, unbiased=True)",

@@ -13,6 +13,7 @@ cannot rot silently. The data variables (SIMCSE_TEST_MODEL, ...) pass through: s
 does, or the tests that need them skip.
 """
 import argparse
+import fnmatch
 import os
 import shutil
 import subprocess
@@ -38,12 +39,48 @@ def check(mutants):
 
 def copy_tree(dest):
     """The files git tracks or would track (not ignored): the checkout as a clone has it."""
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
-                            capture_output=True, text=True).stdout.splitlines()
-    for name in listed:
+    for name in listed_files():
         if (ROOT / name).is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, dest / name)
+
+
+def listed_files():
+    """git's list of the tree's files, tracked or untracked but not ignored; without git (a zip
+    download), every file but those .gitignore names."""
+    try:
+        done = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
+                              capture_output=True, text=True)
+    except FileNotFoundError:
+        done = None
+    if done and done.returncode == 0:
+        return done.stdout.splitlines()
+    rules = [x.strip() for x in (ROOT / ".gitignore").read_text().splitlines()
+             if x.strip() and not x.startswith("#")]
+    listed = []
+    for folder, subfolders, files in os.walk(ROOT):
+        here = Path(folder).relative_to(ROOT)
+        subfolders[:] = sorted(s for s in subfolders
+                               if s != ".git" and not ignored(here / s, rules, True))
+        listed += [(here / f).as_posix() for f in sorted(files)
+                   if not ignored(here / f, rules, False)]
+    return listed
+
+
+def ignored(path, rules, is_folder):
+    """Whether a .gitignore rule of the forms this project uses names path: 'runs/' a folder of
+    that name anywhere, '*.pyc' a name anywhere, '/out/' or 'docs/analysis.json' from the root."""
+    for rule in rules:
+        if rule.endswith("/") and not is_folder:
+            continue
+        pattern = rule.strip("/")
+        if "/" in rule.rstrip("/"):
+            hit = fnmatch.fnmatchcase(path.as_posix(), pattern)
+        else:
+            hit = fnmatch.fnmatchcase(path.name, pattern)
+        if hit:
+            return True
+    return False
 
 
 def pytest(tree, files, timeout):
