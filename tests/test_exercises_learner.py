@@ -111,6 +111,10 @@ def test_reset_says_ours_again_only_when_the_bytes_are(tree, monkeypatch):
 def test_check_says_an_exercise_was_never_started(tree):
     code, out = exercise.tool(tree, "check", "momentum")
     assert code == 1 and one_line(out) and out.startswith("NOT STARTED momentum"), out
+    before = (tree / "esimcse_min.py").read_bytes()
+    started(tree, "momentum").write_bytes(before)  # ours back by hand, as `git checkout` does
+    code, out = exercise.tool(tree, "check", "momentum")
+    assert code == 1 and one_line(out) and out.startswith("NOT STARTED momentum"), out
 
 
 def test_start_says_where_ours_can_still_be_seen(tree):

@@ -498,6 +498,11 @@ def check(ex, limit=LIMIT):
         print(f"NOT STARTED {ex.name}: {names} in {ex.file}: ours, nothing of yours to grade; "
               f"`python tests/tools/exercise.py start {ex.name}` blanks it for you to write")
         return False
+    untouched = [q for q in ex.functions if is_ours(text, read(store(ex.file, q)), q)]
+    if untouched:
+        print(f"NOT STARTED {ex.name}: {', '.join(untouched)} in {ex.file}: ours, as start found "
+              f"it, nothing of yours to grade; `reset {ex.name}`, then `start {ex.name}` again")
+        return False
     blank = [q for q in ex.functions if is_blank(text, q)]
     if blank:
         print(f"FAIL {ex.name}: {', '.join(blank)} still raises NotImplementedError: write it "
@@ -567,6 +572,7 @@ def answer(tree, ex, change=None):
         body = function_text(read(store(ex.file, q, tree)), q)
         if change and body.count(change.old) == 1:
             body = body.replace(change.old, change.new)
+        body = body.rstrip("\n") + "  # the learner's\n"  # not ours byte for byte: graded
         text = with_function(text, q, body)
     write(path, text)
 
