@@ -481,35 +481,66 @@ def run_match(ex, limit):
     return json.loads(lines[-1][len(VERDICT):])
 
 
-def check(ex, limit=LIMIT):
-    """Grades the learner's function; prints what it found and ends with one line. -> passed."""
-    begin, names = time.time(), ", ".join(ex.functions)
+def not_gradable(ex):
+    """The one line that says why there is nothing to grade yet, or None."""
+    names = ", ".join(ex.functions)
     text = read(ROOT / ex.file)
     error = syntax_error(ex.file, text)
     if error:
-        print(f"FAIL {ex.name}: {error}: fix it, or `reset {ex.name}` for ours")
-        return False
+        return f"FAIL {ex.name}: {error}: fix it, or `reset {ex.name}` for ours"
     missing = [q for q in ex.functions if span(text, q) is None]
     if missing:
-        print(f"FAIL {ex.name}: no {', '.join(missing)} in {ex.file}: `reset {ex.name}` puts "
-              f"ours back")
-        return False
+        return (f"FAIL {ex.name}: no {', '.join(missing)} in {ex.file}: `reset {ex.name}` puts "
+                f"ours back")
     if not all(store(ex.file, q).is_file() for q in ex.functions):
-        print(f"NOT STARTED {ex.name}: {names} in {ex.file}: ours, nothing of yours to grade; "
-              f"`python tests/tools/exercise.py start {ex.name}` blanks it for you to write")
-        return False
+        return (f"NOT STARTED {ex.name}: {names} in {ex.file}: ours, nothing of yours to grade; "
+                f"`python tests/tools/exercise.py start {ex.name}` blanks it for you to write")
     untouched = [q for q in ex.functions if is_ours(text, read(store(ex.file, q)), q)]
     if untouched:
-        print(f"NOT STARTED {ex.name}: {', '.join(untouched)} in {ex.file}: ours, as start found "
-              f"it, nothing of yours to grade; `reset {ex.name}`, then `start {ex.name}` again")
-        return False
+        return (f"NOT STARTED {ex.name}: {', '.join(untouched)} in {ex.file}: ours, as start "
+                f"found it, nothing of yours to grade; `reset {ex.name}`, then `start "
+                f"{ex.name}` again")
     blank = [q for q in ex.functions if is_blank(text, q)]
     if blank:
-        print(f"FAIL {ex.name}: {', '.join(blank)} still raises NotImplementedError: write it "
-              f"(its docstring is the specification)")
+        return (f"FAIL {ex.name}: {', '.join(blank)} still raises NotImplementedError: write it "
+                f"(its docstring is the specification)")
+    return None
+
+
+def why_it_failed(ex, done, verdict):
+    """What the oracle tests' failure and the second child's verdict say, ending in one line."""
+    if "ended" in verdict:
+        return (f"FAIL {ex.name}: yours ended the process (exit code {verdict['ended']}) instead "
+                f"of returning: a function returns its value, it never exits")
+    if verdict["stops"]:
+        return (f"FAIL {ex.name}: yours raised {verdict['answer']}: a function returns its "
+                f"value, it never interrupts nor exits")
+    if verdict["mistake"]:
+        m = next(m for m in MUTANTS if m.name == verdict["mistake"])
+        failed = [x.split()[1] for x in done.stdout.splitlines() if x.startswith("FAILED ")]
+        return (f"FAIL {ex.name}: yours behaves like a known mistake, {m.name}: {m.why}.\n"
+                f"  On the same inputs yours and it agree (failed: {', '.join(failed)}).\n"
+                f"  Fix that and check again: the oracle tests may find more.")
+    lines = [done.stdout.rstrip()[-3000:]]
+    if verdict["skipped"]:
+        lines.append(f"({len(verdict['skipped'])} known mistakes not compared: "
+                     f"{', '.join(ex.functions)} was edited before start, on the lines they "
+                     f"change)")
+    answer = f" ({verdict['answer']})" if verdict["answer"] else ""
+    lines.append(f"FAIL {ex.name}: the oracle tests above fail; no known mistake gives what "
+                 f"yours gives{answer}.")
+    return "\n".join(lines)
+
+
+def check(ex, limit=LIMIT):
+    """Grades the learner's function; prints what it found and ends with one line. -> passed."""
+    begin = time.time()
+    problem = not_gradable(ex)
+    if problem:
+        print(problem)
         return False
-    late = (f"FAIL {ex.name}: {names} did not return within {limit} s: an endless loop? (a slow "
-            f"machine: check {ex.name} --timeout {4 * limit})")
+    late = (f"FAIL {ex.name}: {', '.join(ex.functions)} did not return within {limit} s: an "
+            f"endless loop? (a slow machine: check {ex.name} --timeout {4 * limit})")
     done = run_tests(ex, limit)
     if done is None:
         print(late)
@@ -519,28 +550,7 @@ def check(ex, limit=LIMIT):
               f"{time.time() - begin:.0f} s. `git diff {ex.file}` shows yours against ours.")
         return True
     verdict = run_match(ex, limit)
-    if verdict is None:
-        print(late)
-    elif "ended" in verdict:
-        print(f"FAIL {ex.name}: yours ended the process (exit code {verdict['ended']}) instead "
-              f"of returning: a function returns its value, it never exits")
-    elif verdict["stops"]:
-        print(f"FAIL {ex.name}: yours raised {verdict['answer']}: a function returns its "
-              f"value, it never interrupts nor exits")
-    elif verdict["mistake"]:
-        m = next(m for m in MUTANTS if m.name == verdict["mistake"])
-        failed = [x.split()[1] for x in done.stdout.splitlines() if x.startswith("FAILED ")]
-        print(f"FAIL {ex.name}: yours behaves like a known mistake, {m.name}: {m.why}.\n"
-              f"  On the same inputs yours and it agree (failed: {', '.join(failed)}).\n"
-              f"  Fix that and check again: the oracle tests may find more.")
-    else:
-        print(done.stdout.rstrip()[-3000:])
-        if verdict["skipped"]:
-            print(f"({len(verdict['skipped'])} known mistakes not compared: {names} was edited "
-                  f"before start, on the lines they change)")
-        answer = f" ({verdict['answer']})" if verdict["answer"] else ""
-        print(f"FAIL {ex.name}: the oracle tests above fail; no known mistake gives what yours "
-              f"gives{answer}.")
+    print(late if verdict is None else why_it_failed(ex, done, verdict))
     return False
 
 
