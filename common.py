@@ -3175,8 +3175,7 @@ def stratified_kfold(y, k, seed=SEED):
         blocks = np.arange(k).repeat(share[:, c])
         rng.shuffle(blocks)
         fold[y == c] = blocks
-    rows = np.arange(len(y))
-    return [(rows[fold != i], rows[fold == i]) for i in range(k)]
+    return [(np.flatnonzero(fold != i), np.flatnonzero(fold == i)) for i in range(k)]
 
 
 def logreg_step(w, grad, state, l2, live, optim):
