@@ -3175,8 +3175,7 @@ def stratified_kfold(y, k, seed=SEED):
         blocks = np.arange(k).repeat(share[:, c])
         rng.shuffle(blocks)
         fold[y == c] = blocks
-    rows = np.arange(len(y))
-    return [(rows[fold != i], rows[fold == i]) for i in range(k)]
+    return [(np.flatnonzero(fold != i), np.flatnonzero(fold == i)) for i in range(k)]
 
 
 def logreg_step(w, grad, state, l2, live, optim):
@@ -3717,9 +3716,7 @@ def parse_args(config_cls, argv=None):
                                        default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     cfg = config_cls(**vars(parser.parse_args(argv)))
     argv = sys.argv[1:] if argv is None else argv  # the flags typed: --resume compares them
-    typed = {a[2:].split("=")[0] for a in argv if a.startswith("--")}
-    cfg.typed = {t.removeprefix("no_") if t.removeprefix("no_") in parser.fields else t
-                 for t in typed}  # --no_compile: compile typed
+    cfg.typed = {a[2:].split("=")[0].removeprefix("no_") for a in argv if a.startswith("--")}
     return cfg
 
 
@@ -3857,16 +3854,16 @@ def run_analyze(args):
     models = []
     for i, name in enumerate(names):
         tok, model = load_encoder(name, device)
-        label = Path(str(name)).name or str(name)
+        label = Path(name).name or name
         label += f" #{i + 1}" if label in [m["name"] for m in models] else ""
         pooler = args.pooler or default_pooler(name)  # each model's own, as SimCSE's tool.py's
-        models.append({"name": label, "path": str(name), "color": COLORS[i % len(COLORS)],
-                       "pooler": pooler, **{split: analyze_model(model, tok, root, pooler, split,
-                                                                  args.batch_size)
-                                            for split in ("test", "dev")}})
+        entry = {"name": label, "path": name, "color": COLORS[i % len(COLORS)], "pooler": pooler}
+        for split in ("test", "dev"):
+            entry[split] = analyze_model(model, tok, root, pooler, split, args.batch_size)
+        models.append(entry)
     colors = {Path(m["path"]).expanduser().resolve(): m["color"] for m in reversed(models)}
-    for j, r in enumerate(runs):  # a run drawn in its model's colour, else in the next free one
-        r["color"] = colors.get(Path(r["path"]).resolve().parent, COLORS[(len(models) + j) % 8])
+    for j, r in enumerate(runs, len(models)):  # in its model's colour, else in the next free one
+        r["color"] = colors.get(Path(r["path"]).resolve().parent, COLORS[j % len(COLORS)])
     plot_plane(models, runs, out / "align_uniform.svg")
     plot_singular_values(models, out / "singular_values.svg")
     plot_similarity_by_score(models, out / "similarity_by_score.svg")
@@ -3882,9 +3879,7 @@ def run_analyze(args):
 
 
 def load_encoder(name, device):  # a checked model folder or known name (fetched in Part 2)
-    tok = Tokenizer.from_pretrained(name)
-    model = Bert.from_pretrained(name).to(device)
-    return tok, model
+    return Tokenizer.from_pretrained(name), Bert.from_pretrained(name).to(device)
 
 
 def check_cli_inputs(args, names, modes, runs=()):
