@@ -109,8 +109,8 @@ def test_a_temporary_is_a_name_of_the_command_with_its_random_part(tmp_path):
     for name in (".log.txt.0a1b2c3d.tmp", ".notes.20261128.tmp", ".log.txt.backup00.tmp",
                  ".log.txt.0a1b2c3d.tmp.x", "log.txt.0a1b2c3d.tmp", ".results.json.0a1b2c3d.tmp"):
         (tmp_path / name).write_text("")
-    assert common.temporaries(tmp_path, ["log.txt"]) == [tmp_path / ".log.txt.0a1b2c3d.tmp"]
+    assert common.temporaries([tmp_path / "log.txt"]) == [tmp_path / ".log.txt.0a1b2c3d.tmp"]
     made = common.temporary_name(tmp_path / "log.txt")
     assert made.parent == tmp_path and made.name.startswith(".log.txt.")
     made.write_text("")
-    assert made in common.temporaries(tmp_path, ["log.txt"])
+    assert made in common.temporaries([tmp_path / "log.txt"])
