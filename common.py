@@ -851,7 +851,7 @@ def main_guard(fn, *args):
     except UserError as e:
         if e.exit_code == 0:  # --resume of a finished run: said once, not an error
             leave_distributed()
-        if e.exit_code or os.environ.get("RANK", "0") == "0":  # before the process group
+        if e.exit_code or int(torchrun_env().get("RANK", 0)) == 0:  # before the process group
             print(f"error: {e}" if e.exit_code else e, file=sys.stderr)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
@@ -2293,27 +2293,11 @@ def release_lock(fd):
         os.close(fd)
 
 
-def torchrun_rank():
-    """This process's rank, from RANK and WORLD_SIZE read once: 0 without them. A RANK left from
-    another shell (no WORLD_SIZE: it would skip the lock), a non-number or a RANK that is not below
-    WORLD_SIZE: one line. WORLD_SIZE's other variables: init_distributed."""
-    rank = os.environ.get("RANK", "0")
-    size = os.environ.get("WORLD_SIZE", "1")
-    for name, value in (("RANK", rank), ("WORLD_SIZE", size)):
-        if not (value.isascii() and value.isdigit()):
-            raise UserError(f"{name}={value!r} is not a number: left from another shell? unset "
-                            f"it, or start the run with torchrun")
-    if int(rank) >= int(size):
-        raise UserError(f"RANK={rank} with WORLD_SIZE={os.environ.get('WORLD_SIZE', '(unset)')}: "
-                        f"left from another shell? unset RANK, or start the run with torchrun")
-    return int(rank)
-
-
 def lock_folder(out, flag="--out_dir"):
     """The out_dir's lock (hold_lock), taken before out_dir is checked (two runs started together
     cannot both pass) -> its descriptor, or None (no folder yet: open_out_dir makes it; not POSIX;
     a torchrun rank above 0: rank 0 holds it)."""
-    if torchrun_rank() > 0 or not out.is_dir():
+    if int(torchrun_env().get("RANK", 0)) > 0 or not out.is_dir():
         return None
     try:
         return hold_lock(out)[0]
@@ -2849,30 +2833,50 @@ def world():
     return (dist.get_rank(), dist.get_world_size()) if on else (0, 1)
 
 
+TORCHRUN = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what it sets
+
+
+def torchrun_env():
+    """torchrun's variables, read and checked in this one place -> {name: value}, or {} without
+    torchrun (WORLD_SIZE unset or 1). One line for a number not in ASCII digits ('²'.isdigit()),
+    a RANK not below WORLD_SIZE (left from another shell, it would skip the out_dir lock) and,
+    under torchrun, a variable it sets that is missing."""
+    env = {name: os.environ.get(name, "") for name in TORCHRUN}
+    alone = env["WORLD_SIZE"] in ("", "1")
+    fix = "left from another shell? unset it, or start the run with torchrun"
+    read = ("WORLD_SIZE", "RANK") if alone else TORCHRUN  # alone, only RANK matters
+    for name in read:
+        number = env[name].isascii() and env[name].isdigit()  # '²'.isdigit(), not int()'s
+        if name != "MASTER_ADDR" and env[name] and not number:
+            raise UserError(f"{name}={env[name]!r} is not a number: {fix}")
+    if int(env["RANK"] or 0) >= int(env["WORLD_SIZE"] or 1):
+        raise UserError(f"RANK={env['RANK']} with WORLD_SIZE={env['WORLD_SIZE'] or '(unset)'}: "
+                        f"{fix}")
+    missing = [name for name in read if not (alone or env[name])]
+    if missing:
+        raise UserError(f"incomplete torchrun environment: {', '.join(missing)} not set; start "
+                        f"the run with torchrun, or unset WORLD_SIZE")
+    return {} if alone else env
+
+
 def init_distributed(device):
-    """Join torchrun's process group (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) -> this rank's
-    device: NCCL and cuda:LOCAL_RANK on CUDA, gloo on the CPU. Without torchrun: `device`."""
-    names = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    if os.environ.get("WORLD_SIZE", "1") == "1" or dist.is_initialized():
+    """Join torchrun's process group (torchrun_env) -> this rank's device: NCCL and
+    cuda:LOCAL_RANK on CUDA, gloo on the CPU. Without torchrun: `device`."""
+    env = torchrun_env()
+    if not env or dist.is_initialized():
         return device
-    problems = [f"{n} is not set" for n in names if not os.environ.get(n)]
-    problems += [f"{n}={os.environ[n]!r} is not a number" for n in names[:3] + names[4:]
-                 if os.environ.get(n) and not os.environ[n].isdigit()]
-    if problems:
-        raise UserError(f"incomplete torchrun environment: {', '.join(problems)}; start the run "
-                        f"with torchrun, or unset WORLD_SIZE")
     if device.type == "mps":
         raise UserError("several processes need --device cuda (NCCL) or cpu (gloo), not mps")
     if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        device = torch.device("cuda", int(env["LOCAL_RANK"]))
         torch.cuda.set_device(device)
     try:  # torchrun starts every rank at once: one missing after minutes means stale variables
         store, rank, size = next(dist.rendezvous("env://", timeout=JOIN_LIMIT))
     except (RuntimeError, OSError) as e:  # DistStoreError (a RuntimeError): timed out
-        found = " ".join(f"{n}={os.environ[n]}" for n in names)
-        raise UserError(f"the torchrun variables ({found}) name {os.environ['WORLD_SIZE']} "
-                        f"processes, but not all joined within {JOIN_LIMIT} ({type(e).__name__}): "
-                        f"left from another shell? unset WORLD_SIZE, or use torchrun") from None
+        found = " ".join(f"{name}={value}" for name, value in env.items())
+        raise UserError(f"the torchrun variables ({found}) name {env['WORLD_SIZE']} processes, "
+                        f"but not all joined within {JOIN_LIMIT} ({type(e).__name__}): left from "
+                        f"another shell? unset WORLD_SIZE, or use torchrun") from None
     store.set_timeout(WAIT_LIMIT)  # joined: from now on the others may wait on rank 0 for hours
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
                             world_size=size, timeout=WAIT_LIMIT)
