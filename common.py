@@ -1464,13 +1464,21 @@ def open_url(url, method="GET", headers=None, follow=lambda old, new: True):
             if not 300 <= e.code < 400:
                 raise
             r = e
-        new = urllib.parse.urljoin(url, r.headers.get("Location") or "")  # none: url itself
-        if not 300 <= r.status < 400 or "Location" not in r.headers or not follow(url, new):
+        new = redirect_of(url, r)
+        if new is None or not follow(url, new):
             return r, url
         r.close()
         url = new
     raise UserError(f"a download was redirected more than {MAX_REDIRECTS} times (a loop), last to "
                     f"{url[:60]!r}; nothing was saved: try again later")
+
+
+def redirect_of(url, answer):
+    """Where a 3xx `answer` to `url` sends us (its Location, relative to url), else None: the one
+    redirect rule, read by open_url's loop and by hub_answer (the hub's 302 to its CDN)."""
+    if 300 <= answer.status < 400 and "Location" in answer.headers:
+        return urllib.parse.urljoin(url, answer.headers["Location"])
+    return None
 
 
 def same_host(old, new):
@@ -1492,7 +1500,7 @@ def hub_answer(url):
     r, url = open_url(url, "HEAD", follow=same_host)
     with r:
         h = r.headers
-        where = urllib.parse.urljoin(url, h.get("Location") or url)
+        where = redirect_of(url, r) or url
         sha256 = (h.get("X-Linked-Etag") or "").removeprefix("W/").strip('"')
         size = header_int(h, "X-Linked-Size")
         if size is None and r.status < 300:  # a 302's Content-Length is its own body's
