@@ -840,13 +840,11 @@ def main_guard(fn, *args):
         full = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
         if not (full or e.filename):  # no file named: a crash keeps its traceback
             raise
-        if full:
-            print(f"error: no room to write {e.filename or 'a file'} ({e.strerror}): the disk or "
-                  f"quota is full; what was saved before is intact: free space, then run again "
-                  f"(training: --resume)", file=sys.stderr)
-        else:
-            print(f"error: {e.filename}: {e.strerror or e}: check that file (and its disk), then "
-                  f"run again", file=sys.stderr)
+        what = "no room to write" if full else "cannot read or write"
+        fix = "the disk or quota is full; what was saved before is intact: free space" if full \
+            else "check that file and its disk"
+        print(f"error: {what} {e.filename or 'a file'} ({e.strerror}): {fix}, then run again "
+              f"(training: --resume)", file=sys.stderr)
         sys.exit(2)
     except UserError as e:
         if e.exit_code == 0:  # --resume of a finished run: said once, not an error
@@ -884,13 +882,8 @@ DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F
           "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}
 
 
-def temporary_name(path):
-    """atomic_write's temporary name beside `path`: .NAME.<8 random hex digits>.tmp."""
-    return path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
-
-
 def temporaries(paths):
-    """The temporary files (temporary_name) a kill left beside `paths`: the only names a command
+    """The temporary files (atomic_write's) a kill left beside `paths`: the only names a command
     cleans up, never a user's look-alike (.notes.20261128.tmp) nor a folder [issue 63]."""
     left = []
     for path in paths:
@@ -902,8 +895,7 @@ def temporaries(paths):
 
 @contextlib.contextmanager
 def naming(path):
-    """An OSError while `path` is read or written names it (a read error, EIO, has no file name):
-    main_guard's one line then says which file [issue 63]."""
+    """An OSError while `path` is read names it (EIO has no file name): main_guard's line does."""
     try:
         yield
     except OSError as e:
@@ -917,25 +909,22 @@ def atomic_write(path, mode="w"):
     """Write a file with no name (Linux's O_TMPFILE: a SIGKILL leaves nothing [open(2)]), else a
     temporary name beside `path`; then rename it over: no reader sees a partial file [issue 52]."""
     path = Path(path)
-    tmp = None  # the temporary name, when there is one
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"  # as temporaries() knows them
     try:
         fd = os.open(path.parent, os.O_TMPFILE | os.O_WRONLY, 0o666)  # the umask applies
     except (AttributeError, OSError):  # not Linux, or a file system without unnamed files
-        tmp = temporary_name(path)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
-            if tmp is None:  # a name for a moment, beside `path` (temporaries() clears it)
-                tmp = temporary_name(path)
+            if not os.path.lexists(tmp):  # unnamed: a name for a moment (temporaries() clear it)
                 fd = f.fileno()  # a dir_fd makes CPython call linkat(AT_SYMLINK_FOLLOW), which
                 os.link(f"/proc/self/fd/{fd}", tmp, src_dir_fd=fd)  # an absolute path ignores
         os.replace(tmp, path)
     except BaseException as e:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         if isinstance(e, OSError) and e.filename is None:
             e.filename = str(path)  # a full disk: say which file
         raise
@@ -1159,8 +1148,6 @@ def read_weights(name_or_dir, mlm_head=False, quiet=False):
 
 def read_config(folder):
     """config.json -> a checked BertConfig: BERT, DistilBERT (its names mapped) or RoBERTa."""
-    if not (folder / "config.json").is_file():
-        raise CheckpointError(f"{folder} has no config.json: not a Hugging Face model folder")
     hf = read_json(folder / "config.json", "the model's config.json")
     kind = hf.get("model_type", "bert") if isinstance(hf, dict) else None
     if kind == "distilbert":
@@ -1474,8 +1461,7 @@ def open_url(url, method="GET", headers=None, follow=lambda old, new: True):
 
 
 def redirect_of(url, answer):
-    """Where a 3xx `answer` to `url` sends us (its Location, relative to url), else None: the one
-    redirect rule, read by open_url's loop and by hub_answer (the hub's 302 to its CDN)."""
+    """Where a 3xx `answer` to `url` sends us (its Location), else None: the one redirect rule."""
     if 300 <= answer.status < 400 and "Location" in answer.headers:
         return urllib.parse.urljoin(url, answer.headers["Location"])
     return None
@@ -1941,11 +1927,9 @@ def check_model(name, flag):
 
 
 def check_out_dir(out, overwrite, inputs=(), resumed=False):
-    """The one check of a run's folder and of every name a run writes there (OUTPUTS), before any
-    work: never a file, /, the home folder or the project's folder; another run or others' files
-    (a fresh run, unless --overwrite); each name never an input or another's (check_output), a
-    folder where a file goes, a file where a folder goes, or a link to a folder: nothing is
-    written or deleted through a link [issue 63]; a folder that cannot be created or written."""
+    """The one check of a run's folder and every name a run writes there (OUTPUTS), before any work:
+    never /, home or the project; a fresh run's needs --overwrite over another run or others' files;
+    each name not an input nor another's (check_output), nor a link to a folder [issue 63]."""
     if out.exists() and not out.is_dir():
         raise UserError(f"--out_dir {out} is a file, not a folder")
     if Path(os.path.realpath(out)) in {Path("/"), Path.home().resolve(), PROJECT}:
@@ -1956,7 +1940,8 @@ def check_out_dir(out, overwrite, inputs=(), resumed=False):
         resume = f"--resume {out} to continue it, " if held == ["checkpoint.pt"] else ""
         raise UserError(f"--out_dir {out} already holds a run ({', '.join(held)}); pass {resume}"
                         f"--overwrite to replace it, or another --out_dir")
-    ours = {n.split("/")[0] for n in OUTPUTS} | {p.name for p in run_temporaries(out)}
+    left = temporaries([out / n for n in OUTPUTS])  # a killed write's, ours to clear
+    ours = {n.split("/")[0] for n in OUTPUTS} | {p.name for p in left}
     others = sorted(p.name for p in out.iterdir() if p.name not in ours) if out.is_dir() else []
     if others and not overwrite and not resumed:  # another model's folder: not ours to write in
         raise UserError(f"--out_dir {out} holds files that are not a run's ({', '.join(others[:3])}"
@@ -1977,11 +1962,6 @@ def check_out_dir(out, overwrite, inputs=(), resumed=False):
     parent = next(p for p in (out, *out.absolute().parents) if os.path.lexists(p))
     if not (parent.is_dir() and os.access(parent, os.W_OK)):
         raise UserError(f"--out_dir {out}: {parent} is not a writable folder")
-
-
-def run_temporaries(out):
-    """The temporary files a killed write left in a run's folder (temporaries), to be cleared."""
-    return temporaries([out / n for n in OUTPUTS])
 
 
 PROJECT = Path(__file__).resolve().parent  # this project's folder: never an out_dir
@@ -2065,12 +2045,6 @@ TOKENIZE_POOL_BYTES = 8 << 20  # [impl] a smaller file in this process: the pool
 TOKENIZING = {}  # this process's (or worker's) tokenizer and max_len: its word cache lives on
 
 
-def read_text(path, flag="--data"):
-    """A file's text, checked first (check_file), a byte-order mark dropped."""
-    check_file(path, flag)
-    return read_utf8(Path(path).expanduser()).removeprefix("\ufeff")
-
-
 def read_lines(path):
     """Non-blank lines of a UTF-8 text file, stripped (tests and tools)."""
     return [row[0] for row in sentence_rows(path, text_lines(path))]
@@ -2080,8 +2054,7 @@ def text_lines(path, progress=None):
     """A UTF-8 file's lines, streamed (1M lines: the text is never whole in memory [issue 54]):
     each ends at \\n, \\r or \\r\\n, as in StringIO(newline=""); a byte-order mark dropped; a bad
     byte: read_utf8's one-line error. progress(MB read, MB in all), every 10,000 lines."""
-    check_file(path)
-    path = Path(path).expanduser()
+    path = Path(path).expanduser()  # checked by the command (check_file)
     size = max(path.stat().st_size // 10**6, 1)
     try:
         with naming(path), open(path, encoding="utf-8", newline="") as f:
@@ -2220,7 +2193,7 @@ def tokenize_file(tok, path, max_len):
     repeat run's set-up: 2.2x as fast [docs/speed.md]) -> (TokenizedRows, seconds, cache hit?)."""
     start = time.time()
     path = Path(path)
-    check_file(path)  # before hashing it (a FIFO would hang); text_lines checks it too
+    check_file(path)  # before hashing it (a FIFO would hang): tools call this too
     digest = sha256_file(path)
     key = f"{digest} {path.suffix} {tokenizer_sha256(tok)} {max_len}"
     cached = CACHE / "tokens" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz"
@@ -2339,17 +2312,13 @@ def open_out_dir(run):
                             f"run starting?): pick another --out_dir") from None
         run.lock = lock_folder(run.out)
     overwritten = [run.out / n for n in OUTPUTS if run.cfg.overwrite]  # checked: no link there
-    for path in run_temporaries(run.out) + overwritten:
+    for path in temporaries([run.out / n for n in OUTPUTS]) + overwritten:
         path.unlink(missing_ok=True)  # a link at a file's name is removed, never followed
     log = run.out / "log.txt"
     if not run.resumed:
         log.unlink(missing_ok=True)  # a link is removed, never followed
-    try:
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
-        run.log_file = open(os.open(log, flags, 0o666), "a", encoding="utf-8")
-    except OSError as e:
-        raise UserError(f"{log} cannot be appended to ({e.strerror}; a link is not followed): "
-                        f"move it away, or pick another --out_dir") from None
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)  # a link:
+    run.log_file = open(os.open(log, flags, 0o666), "a", encoding="utf-8")  # ELOOP, one line
     run.log_file.write("".join(m + "\n" for m in lines))
     run.log_file.flush()
 
@@ -2841,18 +2810,16 @@ def world():
     return (dist.get_rank(), dist.get_world_size()) if on else (0, 1)
 
 
-TORCHRUN = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what it sets
-
-
 def torchrun_env():
     """torchrun's variables, read and checked in this one place -> {name: value}, or {} without
     torchrun (WORLD_SIZE unset or 1). One line for a number not in ASCII digits ('²'.isdigit()),
     a RANK not below WORLD_SIZE (left from another shell, it would skip the out_dir lock) and,
     under torchrun, a variable it sets that is missing."""
-    env = {name: os.environ.get(name, "") for name in TORCHRUN}
+    names = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what it sets
+    env = {name: os.environ.get(name, "") for name in names}
     alone = env["WORLD_SIZE"] in ("", "1")
     fix = "left from another shell? unset it, or start the run with torchrun"
-    read = ("WORLD_SIZE", "RANK") if alone else TORCHRUN  # alone, only RANK matters
+    read = names[:2] if alone else names  # alone, only RANK matters
     for name in read:
         number = env[name].isascii() and env[name].isdigit()  # '²'.isdigit(), not int()'s
         if name != "MASTER_ADDR" and env[name] and not number:
@@ -3600,7 +3567,7 @@ def read_sts_pairs(path, flag):
     """A TSV of sentence 1, sentence 2, score -> (A, B, gold) as the STS tasks hold them. A header
     is the first row when its score holds no digit ('score', not '4,8'); every other row scores,
     finitely. A bad row: one line naming the file and line [issue 52]."""
-    lines = read_text(path, flag).split("\n")  # \n alone ends a line: not U+0085 or U+2028
+    lines = read_utf8(Path(path).expanduser()).removeprefix("\ufeff").split("\n")  # not U+2028
     rows = [(n, line.rstrip("\r").split("\t")) for n, line in enumerate(lines, 1) if line.strip()]
     if rows and len(rows[0][1]) == 3 and not re.search(r"\d", rows[0][1][2]):
         rows = rows[1:]  # a header row
@@ -3949,12 +3916,11 @@ def check_cli_inputs(args, names, modes, runs=()):
     for flag in ("batch_size", "top_k"):  # search's top_k
         if getattr(args, flag, 1) < 1:
             raise UserError(f"--{flag} {getattr(args, flag)}: must be at least 1")
-    inputs = {f: getattr(args, f, "") for f in ("input", "corpus", "vectors", "queries",
-                                                 "sts_file", "senteval", "model")}
-    check_names(args, inputs)  # a name the file system cannot hold: one line, now
-    for flag in ("input", "corpus", "vectors", "queries", "sts_file"):  # read as they go, but
-        if inputs[flag]:  # --sts_file's pairs, read whole
-            check_file(inputs[flag], f"--{flag}", whole=flag == "sts_file")
+    files = {f: getattr(args, f, "") for f in ("input", "corpus", "vectors", "queries", "sts_file")}
+    check_names(args, [*files, "senteval", "model"])  # a name the file system cannot hold: now
+    for flag, path in files.items():  # the one rule of inputs; --sts_file's pairs read whole
+        if path:
+            check_file(path, f"--{flag}", whole=flag == "sts_file")
     for i, name in enumerate(names):  # a known name is fetched when loaded (Part 2, as in training)
         check_model(name, "--compare" if i else "--model")
     runs = [load_run(path) for path in runs]
@@ -3965,11 +3931,11 @@ def check_cli_inputs(args, names, modes, runs=()):
         is_dir = args.command == "analyze"
         written = {"analyze": [p / n for n in ANALYSIS_FILES], "eval": [p],
                    "encode": [p, p.with_suffix(".json")]}[args.command]
-        distinct = {str(w).casefold() for w in written}  # one file where names ignore case
-        if len(distinct) < len(written):  # encode --out x.json: its JSON would replace the vectors
-            raise UserError(f"{flag} {out}: two of {args.command}'s outputs would be one file "
-                            f"({', '.join(w.name for w in written)}): name it {p.stem}.npy")
-        read = [*names, *(r["path"] for r in runs), *inputs.values()]  # the one output rule
+        # encode --out x.json, or x.JSON (one file where names ignore case): the vectors lost
+        if len({str(w).casefold() for w in written}) < len(written):
+            raise UserError(f"{flag} {out}: encode's vectors and their JSON would be one file: "
+                            f"name it {p.stem}.npy")
+        read = [*names, *(r["path"] for r in runs), *files.values(), getattr(args, "senteval", "")]
         args.through = [w for w in written if check_output(flag, w, read, through=flag == "--json")]
         folder = p if is_dir else p.parent  # where the output goes
         base = next(a for a in (folder, *folder.parents) if a.exists())  # its nearest existing part

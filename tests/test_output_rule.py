@@ -105,12 +105,15 @@ def test_encodes_two_outputs_never_share_a_name(world, tmp_path, name, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]
 
 
-def test_a_temporary_is_a_name_of_the_command_with_its_random_part(tmp_path):
+def test_a_temporary_is_a_name_of_the_command_with_its_random_part(tmp_path, monkeypatch):
     for name in (".log.txt.0a1b2c3d.tmp", ".notes.20261128.tmp", ".log.txt.backup00.tmp",
                  ".log.txt.0a1b2c3d.tmp.x", "log.txt.0a1b2c3d.tmp", ".results.json.0a1b2c3d.tmp"):
         (tmp_path / name).write_text("")
     assert common.temporaries([tmp_path / "log.txt"]) == [tmp_path / ".log.txt.0a1b2c3d.tmp"]
-    made = common.temporary_name(tmp_path / "log.txt")
-    assert made.parent == tmp_path and made.name.startswith(".log.txt.")
-    made.write_text("")
-    assert made in common.temporaries([tmp_path / "log.txt"])
+    monkeypatch.delattr(common.os, "O_TMPFILE")  # not Linux: atomic_write names its file
+    with common.atomic_write(tmp_path / "log.txt") as f:
+        f.write("a line\n")
+        named = set(common.temporaries([tmp_path / "log.txt"]))
+        assert len(named - {tmp_path / ".log.txt.0a1b2c3d.tmp"}) == 1
+    assert (tmp_path / "log.txt").read_text() == "a line\n"
+    assert [p.name for p in named if p.exists()] == [".log.txt.0a1b2c3d.tmp"]
