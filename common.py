@@ -841,10 +841,9 @@ def main_guard(fn, *args):
         if not (full or e.filename):  # no file named: a crash keeps its traceback
             raise
         what = "no room to write" if full else "cannot read or write"
-        fix = "the disk or quota is full; what was saved before is intact: free space" if full \
-            else "check that file and its disk"
-        print(f"error: {what} {e.filename or 'a file'} ({e.strerror}): {fix}, then run again "
-              f"(training: --resume)", file=sys.stderr)
+        fix = "the disk or quota is full; what was saved before is intact: free space, then run " \
+            "again (training: --resume)" if full else "check that file and its disk"
+        print(f"error: {what} {e.filename or 'a file'} ({e.strerror}): {fix}", file=sys.stderr)
         sys.exit(2)
     except UserError as e:
         if e.exit_code == 0:  # --resume of a finished run: said once, not an error
@@ -910,21 +909,25 @@ def atomic_write(path, mode="w"):
     temporary name beside `path`; then rename it over: no reader sees a partial file [issue 52]."""
     path = Path(path)
     tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"  # as temporaries() knows them
+    named = False  # tmp is ours once made: only then removed
     try:
         fd = os.open(path.parent, os.O_TMPFILE | os.O_WRONLY, 0o666)  # the umask applies
     except (AttributeError, OSError):  # not Linux, or a file system without unnamed files
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        named = True
     try:
         with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
-            if not os.path.lexists(tmp):  # unnamed: a name for a moment (temporaries() clear it)
+            if not named:  # a name for a moment, beside `path` (temporaries() clears it)
                 fd = f.fileno()  # a dir_fd makes CPython call linkat(AT_SYMLINK_FOLLOW), which
                 os.link(f"/proc/self/fd/{fd}", tmp, src_dir_fd=fd)  # an absolute path ignores
+                named = True
         os.replace(tmp, path)
     except BaseException as e:
-        tmp.unlink(missing_ok=True)
+        if named:
+            tmp.unlink(missing_ok=True)
         if isinstance(e, OSError) and e.filename is None:
             e.filename = str(path)  # a full disk: say which file
         raise
