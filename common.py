@@ -1151,6 +1151,8 @@ def read_weights(name_or_dir, mlm_head=False, quiet=False):
 
 def read_config(folder):
     """config.json -> a checked BertConfig: BERT, DistilBERT (its names mapped) or RoBERTa."""
+    if not (folder / "config.json").is_file():
+        raise CheckpointError(f"{folder} has no config.json: not a Hugging Face model folder")
     hf = read_json(folder / "config.json", "the model's config.json")
     kind = hf.get("model_type", "bert") if isinstance(hf, dict) else None
     if kind == "distilbert":
