@@ -10,6 +10,7 @@ LOOP = ["test_loop.py"]
 HEADS = ["test_heads_and_loops.py"]
 TRANSFER = ["test_transfer_parity.py"]
 EP, BI = "test_encode_pairs.py::", "test_believed_inputs.py::"  # issue 52's tests, by name
+EK = "test_encode_killed.py::"  # encode's kills, where their tests are
 
 MUTANTS = [
     # --- SimCSE's loss and views ------------------------------------------------------------------
@@ -799,12 +800,12 @@ MUTANTS = [
            'write_json(out.with_suffix(".json"), {**about, "previous": old}, indent=None)',
            'write_json(out.with_suffix(".json"), {**about, "previous": None}, indent=None)',
            "a kill between the JSON and the .npy leaves a pair search refuses",
-           [EP + "test_a_kill_at_each_step_of_the_commit_leaves_a_pair_search_uses"]),
+           [EK + "test_a_kill_at_each_step_of_the_commit_leaves_a_pair_search_uses"]),
     Mutant("encode-leaves-temporaries", C,
            "left.unlink()  # link and the rename of atomic_write: our names, under our lock",
            "pass  # link and the rename of atomic_write: our names, under our lock",
            "a temporary name a kill left stays for good",
-           [EP + "test_a_kill_at_each_step_of_the_commit_leaves_a_pair_search_uses"]),
+           [EK + "test_a_kill_at_each_step_of_the_commit_leaves_a_pair_search_uses"]),
     Mutant("encode-without-lock", C,
            'lock = lock_folder(out.parent, "--out")  # one writer in a folder at a time, as runs',
            'lock = None  # one writer in a folder at a time, as runs',
@@ -814,7 +815,7 @@ MUTANTS = [
            "fd = os.open(path.parent, os.O_TMPFILE | os.O_WRONLY, 0o666)  # the umask applies",
            "fd = os.open(path.parent, -1)  # the umask applies",
            "a SIGKILL while writing leaves a named temporary file",
-           [EP + "test_sigkill_at_random_moments_leaves_the_old_pair_or_the_new"]),
+           [EK + "test_sigkill_at_random_moments_leaves_the_old_pair_or_the_new"]),
     Mutant("search-believes-any-npy", C,
            '[e.get("npy_bytes"), e.get("npy_sha256")] == seen), None)',
            '[e.get("npy_bytes"), True] == seen[:1] + [True]), None)',
