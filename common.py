@@ -779,7 +779,6 @@ import datetime
 import difflib
 import errno
 import gc
-import glob
 import hashlib
 import http.client
 import inspect
@@ -837,17 +836,19 @@ def main_guard(fn, *args):
     except BrokenPipeError:  # `search --json | head -n 1`: the reader has all it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # [Python docs: SIGPIPE]
         sys.exit(1)
-    except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+    except OSError as e:  # on a path: the one line of every file a user names [issue 63]
+        full = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+        if not (full or e.filename):  # no file named: a crash keeps its traceback
             raise
-        print(f"error: no room to write {e.filename or 'a file'} ({e.strerror}): the disk or quota "
-              f"is full; what was saved before is intact: free space, then run again (training: "
-              f"--resume)", file=sys.stderr)
+        what = "no room to write" if full else "cannot read or write"
+        fix = "the disk or quota is full; what was saved before is intact: free space, then run " \
+            "again (training: --resume)" if full else "check that file and its disk"
+        print(f"error: {what} {e.filename or 'a file'} ({e.strerror}): {fix}", file=sys.stderr)
         sys.exit(2)
     except UserError as e:
         if e.exit_code == 0:  # --resume of a finished run: said once, not an error
             leave_distributed()
-        if e.exit_code or os.environ.get("RANK", "0") == "0":  # before the process group
+        if e.exit_code or int(torchrun_env().get("RANK", 0)) == 0:  # before the process group
             print(f"error: {e}" if e.exit_code else e, file=sys.stderr)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
@@ -874,11 +875,32 @@ def main_guard(fn, *args):
 # --- Files: atomic writes, UTF-8, JSON, safetensors -----------------------------------------------
 # A file is whole or absent; text is UTF-8 or one line; a hostile safetensors header allocates none.
 
-TEMPORARY = r"\..+\.\w{8}\.tmp"  # atomic_write's temporary names: never anybody's file
 UMASK = os.umask(0o022)  # read it (the only way is to set it) and put it back
 os.umask(UMASK)
 DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
           "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}
+
+
+def temporaries(paths):
+    """The temporary files (atomic_write's) a kill left beside `paths`: the only names a command
+    cleans up, never a user's look-alike (.notes.20261128.tmp) nor a folder [issue 63]."""
+    left = []
+    for path in paths:
+        shape = rf"\.{re.escape(path.name)}\.[0-9a-f]{{8}}\.tmp"
+        found = path.parent.iterdir() if path.parent.is_dir() else []
+        left += [p for p in found if re.fullmatch(shape, p.name) and p.is_file()]
+    return left
+
+
+@contextlib.contextmanager
+def naming(path):
+    """An OSError while `path` is read names it (EIO has no file name): main_guard's line does."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None:
+            e.filename = str(path)
+        raise
 
 
 @contextlib.contextmanager
@@ -886,25 +908,26 @@ def atomic_write(path, mode="w"):
     """Write a file with no name (Linux's O_TMPFILE: a SIGKILL leaves nothing [open(2)]), else a
     temporary name beside `path`; then rename it over: no reader sees a partial file [issue 52]."""
     path = Path(path)
-    tmp = None  # the temporary name, when there is one
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"  # as temporaries() knows them
+    named = False  # tmp is ours once made: only then removed
     try:
         fd = os.open(path.parent, os.O_TMPFILE | os.O_WRONLY, 0o666)  # the umask applies
     except (AttributeError, OSError):  # not Linux, or a file system without unnamed files
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.chmod(tmp, 0o666 & ~UMASK)  # the user's usual permissions, not mkstemp's 0600
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        named = True
     try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
-            if tmp is None:  # a name for a moment, beside `path` (open_out_dir clears such names)
-                tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+            if not named:  # a name for a moment, beside `path` (temporaries() clears it)
                 fd = f.fileno()  # a dir_fd makes CPython call linkat(AT_SYMLINK_FOLLOW), which
                 os.link(f"/proc/self/fd/{fd}", tmp, src_dir_fd=fd)  # an absolute path ignores
+                named = True
         os.replace(tmp, path)
     except BaseException as e:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
+        if named:
+            tmp.unlink(missing_ok=True)
         if isinstance(e, OSError) and e.filename is None:
             e.filename = str(path)  # a full disk: say which file
         raise
@@ -922,7 +945,8 @@ def write_json(path, obj, indent=2, through=False):
 def read_utf8(path, error=UserError):
     """A UTF-8 text file, or one line (an `error`) saying where its first bad byte is. Every text
     file is read here: the data, vocab.txt, merges.txt, JSON, SentEval's files [SentEval: utf8]."""
-    raw = Path(path).read_bytes()
+    with naming(path):
+        raw = Path(path).read_bytes()
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -1432,13 +1456,20 @@ def open_url(url, method="GET", headers=None, follow=lambda old, new: True):
             if not 300 <= e.code < 400:
                 raise
             r = e
-        new = urllib.parse.urljoin(url, r.headers.get("Location") or "")  # none: url itself
-        if not 300 <= r.status < 400 or "Location" not in r.headers or not follow(url, new):
+        new = redirect_of(url, r)
+        if new is None or not follow(url, new):
             return r, url
         r.close()
         url = new
     raise UserError(f"a download was redirected more than {MAX_REDIRECTS} times (a loop), last to "
                     f"{url[:60]!r}; nothing was saved: try again later")
+
+
+def redirect_of(url, answer):
+    """Where a 3xx `answer` to `url` sends us (its Location), else None: the one redirect rule."""
+    if 300 <= answer.status < 400 and "Location" in answer.headers:
+        return urllib.parse.urljoin(url, answer.headers["Location"])
+    return None
 
 
 def same_host(old, new):
@@ -1460,7 +1491,7 @@ def hub_answer(url):
     r, url = open_url(url, "HEAD", follow=same_host)
     with r:
         h = r.headers
-        where = urllib.parse.urljoin(url, h.get("Location") or url)
+        where = redirect_of(url, r) or url
         sha256 = (h.get("X-Linked-Etag") or "").removeprefix("W/").strip('"')
         size = header_int(h, "X-Linked-Size")
         if size is None and r.status < 300:  # a 302's Content-Length is its own body's
@@ -1579,7 +1610,7 @@ def fetch(url, part, have, total):
 def sha256_file(path):
     """The SHA-256 of a file, read in 1 MB pieces."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with naming(path), open(path, "rb") as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
@@ -1853,11 +1884,13 @@ def check_inputs(cfg, models, world_size=1):
     if cfg.batch_size % world_size:
         raise UserError(f"--batch_size {cfg.batch_size} is the global batch and must split evenly "
                         f"over {world_size} processes")
-    check_data(cfg.data)
+    check_file(cfg.data)
+    if cfg.dev_file:
+        check_file(cfg.dev_file, "--dev_file")
     for field in models:
         check_model(getattr(cfg, field), f"--{field}")
-    if not cfg.resume:
-        check_out_dir(Path(cfg.out_dir), cfg.overwrite)
+    inputs = [cfg.data, cfg.senteval, cfg.dev_file, *(getattr(cfg, f) for f in models)]
+    check_out_dir(Path(cfg.out_dir), cfg.overwrite, inputs, cfg.resume)
 
 
 def path_problem(path, folder=False):
@@ -1869,21 +1902,25 @@ def path_problem(path, folder=False):
     if folder:
         return "" if stat.S_ISDIR(mode) else "is a file, not a folder"
     if stat.S_ISDIR(mode):
-        return "is a directory; pass a text file with one sentence per line"
+        return "is a directory"
     return "" if stat.S_ISREG(mode) else "is not a regular file (a FIFO, device or socket)"
 
 
-def check_data(path, flag="data file"):
-    """A data file that is missing, not a regular file or too big (known SimCSE files: fetched)."""
+def check_file(path, flag="--data", whole=True):
+    """The one rule of inputs [issue 63]: a file a flag names, checked before it is read, hashed or
+    locked: missing, a folder, a FIFO or device (whose read never ends), unreadable, or (`whole`:
+    read into memory) too big is one line naming the flag. A known SimCSE file: fetched later."""
     p = Path(path).expanduser()
     if known_data(p) and not os.path.lexists(p):
         return  # fetched when the run starts
     why = path_problem(p)
-    if not why and p.stat().st_size > MAX_DATA_BYTES:
+    if not why and not os.access(p, os.R_OK):
+        why = "is not readable (its permissions)"
+    if not why and whole and p.stat().st_size > MAX_DATA_BYTES:
         why = (f"is {p.stat().st_size / 2**30:.0f} GiB, over the {MAX_DATA_BYTES >> 30} GiB read "
                f"into memory; split it")
     if why:
-        raise UserError(f"{flag} {p} {why}")
+        raise UserError(f"{flag} {path} {why}: name a readable file")
 
 
 def check_model(name, flag):
@@ -1894,30 +1931,39 @@ def check_model(name, flag):
         raise UserError(f"{flag} {name} {why}")
 
 
-def check_out_dir(out, overwrite):
-    """A file, another run or a folder holding others' files (unless --overwrite), a folder that
-    cannot be created or written; never /, the home folder or the project's folder. Under
-    --overwrite each output is replaced: a folder in the place of one is refused now."""
+def check_out_dir(out, overwrite, inputs=(), resumed=False):
+    """The one check of a run's folder and every name a run writes there (OUTPUTS), before any work:
+    never /, home or the project; a fresh run's needs --overwrite over another run or others' files;
+    each name not an input nor another's (check_output), nor a link to a folder [issue 63]."""
     if out.exists() and not out.is_dir():
         raise UserError(f"--out_dir {out} is a file, not a folder")
     if Path(os.path.realpath(out)) in {Path("/"), Path.home().resolve(), PROJECT}:
         raise UserError(f"--out_dir {out} is /, the home folder or the project's folder, never a "
                         f"run's: pick a new folder, such as runs/NAME")
     held = [n for n in ("results.json", "checkpoint.pt", "model.safetensors") if (out / n).exists()]
-    if held and not overwrite:
+    if held and not overwrite and not resumed:
         resume = f"--resume {out} to continue it, " if held == ["checkpoint.pt"] else ""
         raise UserError(f"--out_dir {out} already holds a run ({', '.join(held)}); pass {resume}"
                         f"--overwrite to replace it, or another --out_dir")
-    ours = {n.split("/")[0] for n in OUTPUTS}
-    others = sorted(p.name for p in out.iterdir() if p.name not in ours and not
-                    re.fullmatch(TEMPORARY, p.name)) if out.is_dir() else []
-    if others and not overwrite:  # another model's folder, a project: not ours to write in
+    left = temporaries([out / n for n in OUTPUTS])  # a killed write's, ours to clear
+    ours = {n.split("/")[0] for n in OUTPUTS} | {p.name for p in left}
+    others = sorted(p.name for p in out.iterdir() if p.name not in ours) if out.is_dir() else []
+    if others and not overwrite and not resumed:  # another model's folder: not ours to write in
         raise UserError(f"--out_dir {out} holds files that are not a run's ({', '.join(others[:3])}"
                         f"); pass --overwrite to write beside them, or pick another --out_dir")
-    folders = [n for n in OUTPUTS if (out / n).is_dir()]
-    if folders:
-        raise UserError(f"--out_dir {out}: {folders[0]} is a folder, where the run writes a file: "
-                        f"move it away, or pick another --out_dir")
+    check_output("--out_dir", out, inputs, own=out)  # the model folder, say
+    for name in OUTPUTS:
+        place = out / name.split("/")[0]  # the file, or the folder it goes in (1_Pooling)
+        folder = "/" in name
+        if folder and place.is_symlink():  # a link at a file: replaced, never followed
+            raise UserError(f"--out_dir {out}: {place.name} is a link, and a run never writes "
+                            f"through one: move it away, or pick another --out_dir")
+        if place.exists() and place.is_dir() != folder:
+            what = "file, where the saved model needs a folder" if folder else \
+                "folder, where the run writes a file"
+            raise UserError(f"--out_dir {out}: {place.name} is a {what}: move it away, or pick "
+                            f"another --out_dir")
+        check_output("--out_dir", out / name, inputs, own=out)
     parent = next(p for p in (out, *out.absolute().parents) if os.path.lexists(p))
     if not (parent.is_dir() and os.access(parent, os.W_OK)):
         raise UserError(f"--out_dir {out}: {parent} is not a writable folder")
@@ -1949,7 +1995,8 @@ def check_output(flag, path, inputs=(), own=None, through=False):
     line before any work [issue 40, 52]: never an input of the command, a file a run or a model
     folder holds (OUTPUTS), anything under SentEval; a link, FIFO or device is written through
     (`through`: a pipe, /dev/null) or refused, never replaced. -> True: write through it."""
-    check_name(flag, path)
+    if not own:  # a run's names are ours, its folder's checked once (Run: check_names)
+        check_name(flag, path)
     p = Path(path).expanduser().absolute()
     real = Path(os.path.realpath(p))  # links resolved; a loop stays as it is
     read = [Path(os.path.realpath(Path(i).expanduser())) for i in inputs if i]
@@ -2003,12 +2050,6 @@ TOKENIZE_POOL_BYTES = 8 << 20  # [impl] a smaller file in this process: the pool
 TOKENIZING = {}  # this process's (or worker's) tokenizer and max_len: its word cache lives on
 
 
-def read_text(path, flag="data file"):
-    """A data file's text, checked first (check_data), a byte-order mark dropped."""
-    check_data(path, flag)
-    return read_utf8(Path(path).expanduser()).removeprefix("\ufeff")
-
-
 def read_lines(path):
     """Non-blank lines of a UTF-8 text file, stripped (tests and tools)."""
     return [row[0] for row in sentence_rows(path, text_lines(path))]
@@ -2018,11 +2059,10 @@ def text_lines(path, progress=None):
     """A UTF-8 file's lines, streamed (1M lines: the text is never whole in memory [issue 54]):
     each ends at \\n, \\r or \\r\\n, as in StringIO(newline=""); a byte-order mark dropped; a bad
     byte: read_utf8's one-line error. progress(MB read, MB in all), every 10,000 lines."""
-    check_data(path)
-    path = Path(path).expanduser()
+    path = Path(path).expanduser()  # checked by the command (check_file)
     size = max(path.stat().st_size // 10**6, 1)
     try:
-        with open(path, encoding="utf-8", newline="") as f:
+        with naming(path), open(path, encoding="utf-8", newline="") as f:
             for i, line in enumerate(f):
                 if i == 0:
                     line = line.removeprefix("\ufeff")
@@ -2158,7 +2198,7 @@ def tokenize_file(tok, path, max_len):
     repeat run's set-up: 2.2x as fast [docs/speed.md]) -> (TokenizedRows, seconds, cache hit?)."""
     start = time.time()
     path = Path(path)
-    check_data(path)  # before hashing it (a FIFO would hang); text_lines checks it too
+    check_file(path)  # before hashing it (a FIFO would hang): tools call this too
     digest = sha256_file(path)
     key = f"{digest} {path.suffix} {tokenizer_sha256(tok)} {max_len}"
     cached = CACHE / "tokens" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz"
@@ -2239,27 +2279,11 @@ def release_lock(fd):
         os.close(fd)
 
 
-def torchrun_rank():
-    """This process's rank, from RANK and WORLD_SIZE read once: 0 without them. A RANK left from
-    another shell (no WORLD_SIZE: it would skip the lock), a non-number or a RANK that is not below
-    WORLD_SIZE: one line. WORLD_SIZE's other variables: init_distributed."""
-    rank = os.environ.get("RANK", "0")
-    size = os.environ.get("WORLD_SIZE", "1")
-    for name, value in (("RANK", rank), ("WORLD_SIZE", size)):
-        if not (value.isascii() and value.isdigit()):
-            raise UserError(f"{name}={value!r} is not a number: left from another shell? unset "
-                            f"it, or start the run with torchrun")
-    if int(rank) >= int(size):
-        raise UserError(f"RANK={rank} with WORLD_SIZE={os.environ.get('WORLD_SIZE', '(unset)')}: "
-                        f"left from another shell? unset RANK, or start the run with torchrun")
-    return int(rank)
-
-
 def lock_folder(out, flag="--out_dir"):
     """The out_dir's lock (hold_lock), taken before out_dir is checked (two runs started together
     cannot both pass) -> its descriptor, or None (no folder yet: open_out_dir makes it; not POSIX;
     a torchrun rank above 0: rank 0 holds it)."""
-    if torchrun_rank() > 0 or not out.is_dir():
+    if int(torchrun_env().get("RANK", 0)) > 0 or not out.is_dir():
         return None
     try:
         return hold_lock(out)[0]
@@ -2292,22 +2316,14 @@ def open_out_dir(run):
             raise UserError(f"--out_dir {run.out} appeared after this run checked it (another "
                             f"run starting?): pick another --out_dir") from None
         run.lock = lock_folder(run.out)
-    for name in sorted({n.split("/")[0] for n in SAVED if "/" in n}):  # 1_Pooling, 2_Dense
-        if (run.out / name).exists() and not (run.out / name).is_dir():
-            raise UserError(f"--out_dir {run.out}: {name} is a file, where the saved model needs "
-                            f"a folder: move it, or pick another --out_dir")
-    left = [p for p in run.out.iterdir() if re.fullmatch(TEMPORARY, p.name)]
-    for path in left + [run.out / n for n in OUTPUTS if run.cfg.overwrite]:
-        path.unlink(missing_ok=True)  # atomic_write's temporary names: never anybody's file
+    overwritten = [run.out / n for n in OUTPUTS if run.cfg.overwrite]  # checked: no link there
+    for path in temporaries([run.out / n for n in OUTPUTS]) + overwritten:
+        path.unlink(missing_ok=True)  # a link at a file's name is removed, never followed
     log = run.out / "log.txt"
     if not run.resumed:
         log.unlink(missing_ok=True)  # a link is removed, never followed
-    try:
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
-        run.log_file = open(os.open(log, flags, 0o666), "a", encoding="utf-8")
-    except OSError as e:
-        raise UserError(f"{log} cannot be appended to ({e.strerror}; a link is not followed): "
-                        f"move it away, or pick another --out_dir") from None
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)  # a link:
+    run.log_file = open(os.open(log, flags, 0o666), "a", encoding="utf-8")  # ELOOP, one line
     run.log_file.write("".join(m + "\n" for m in lines))
     run.log_file.flush()
 
@@ -2702,9 +2718,6 @@ class Run:
         self.device = init_distributed(resolve_device(cfg.device))  # under torchrun: this rank's
         self.rank, self.world_size = world()
         check_inputs(cfg, models, self.world_size)  # the first bad flag or input: one line
-        for path in [self.out, *(self.out / n for n in OUTPUTS)]:  # the one rule of outputs
-            check_output("--out_dir", path, [cfg.data, cfg.senteval, cfg.dev_file,
-                                             *(getattr(cfg, f) for f in models)], own=self.out)
         check_compile(cfg.compile, self.device)
         torch.manual_seed(cfg.seed + self.rank)  # dropout; data order and views have their own RNGs
         self.signal = self.first_step = 0  # the signal caught; this process's first step
@@ -2802,30 +2815,48 @@ def world():
     return (dist.get_rank(), dist.get_world_size()) if on else (0, 1)
 
 
+def torchrun_env():
+    """torchrun's variables, read and checked in this one place -> {name: value}, or {} without
+    torchrun (WORLD_SIZE unset or 1). One line for a number not in ASCII digits ('²'.isdigit()),
+    a RANK not below WORLD_SIZE (left from another shell, it would skip the out_dir lock) and,
+    under torchrun, a variable it sets that is missing."""
+    names = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what it sets
+    env = {name: os.environ.get(name, "") for name in names}
+    alone = env["WORLD_SIZE"] in ("", "1")
+    fix = "left from another shell? unset it, or start the run with torchrun"
+    read = names[:2] if alone else names  # alone, only RANK matters
+    for name in read:
+        number = env[name].isascii() and env[name].isdigit()  # '²'.isdigit(), not int()'s
+        if name != "MASTER_ADDR" and env[name] and not number:
+            raise UserError(f"{name}={env[name]!r} is not a number: {fix}")
+    if int(env["RANK"] or 0) >= int(env["WORLD_SIZE"] or 1):
+        raise UserError(f"RANK={env['RANK']} with WORLD_SIZE={env['WORLD_SIZE'] or '(unset)'}: "
+                        f"{fix}")
+    missing = [name for name in read if not (alone or env[name])]
+    if missing:
+        raise UserError(f"incomplete torchrun environment: {', '.join(missing)} not set; start "
+                        f"the run with torchrun, or unset WORLD_SIZE")
+    return {} if alone else env
+
+
 def init_distributed(device):
-    """Join torchrun's process group (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) -> this rank's
-    device: NCCL and cuda:LOCAL_RANK on CUDA, gloo on the CPU. Without torchrun: `device`."""
-    names = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    if os.environ.get("WORLD_SIZE", "1") == "1" or dist.is_initialized():
+    """Join torchrun's process group (torchrun_env) -> this rank's device: NCCL and
+    cuda:LOCAL_RANK on CUDA, gloo on the CPU. Without torchrun: `device`."""
+    env = torchrun_env()
+    if not env or dist.is_initialized():
         return device
-    problems = [f"{n} is not set" for n in names if not os.environ.get(n)]
-    problems += [f"{n}={os.environ[n]!r} is not a number" for n in names[:3] + names[4:]
-                 if os.environ.get(n) and not os.environ[n].isdigit()]
-    if problems:
-        raise UserError(f"incomplete torchrun environment: {', '.join(problems)}; start the run "
-                        f"with torchrun, or unset WORLD_SIZE")
     if device.type == "mps":
         raise UserError("several processes need --device cuda (NCCL) or cpu (gloo), not mps")
     if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        device = torch.device("cuda", int(env["LOCAL_RANK"]))
         torch.cuda.set_device(device)
     try:  # torchrun starts every rank at once: one missing after minutes means stale variables
         store, rank, size = next(dist.rendezvous("env://", timeout=JOIN_LIMIT))
     except (RuntimeError, OSError) as e:  # DistStoreError (a RuntimeError): timed out
-        found = " ".join(f"{n}={os.environ[n]}" for n in names)
-        raise UserError(f"the torchrun variables ({found}) name {os.environ['WORLD_SIZE']} "
-                        f"processes, but not all joined within {JOIN_LIMIT} ({type(e).__name__}): "
-                        f"left from another shell? unset WORLD_SIZE, or use torchrun") from None
+        found = " ".join(f"{name}={value}" for name, value in env.items())
+        raise UserError(f"the torchrun variables ({found}) name {env['WORLD_SIZE']} processes, "
+                        f"but not all joined within {JOIN_LIMIT} ({type(e).__name__}): left from "
+                        f"another shell? unset WORLD_SIZE, or use torchrun") from None
     store.set_timeout(WAIT_LIMIT)  # joined: from now on the others may wait on rank 0 for hours
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
                             world_size=size, timeout=WAIT_LIMIT)
@@ -3377,11 +3408,9 @@ SCORE = re.compile(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*")  # a finite n
 def corpus_lines(path, flag, digest=None):
     """A text file's lines, read as needed (row i is line i + 1, blank lines kept), cut as training
     cuts them; `digest` takes the bytes as read: what was encoded, not the file later [issue 52]."""
-    if why := path_problem(Path(path).expanduser()):  # no size limit: read as it goes
-        raise UserError(f"{flag} {path} {why}")
     digest = digest or hashlib.sha256()  # else one nobody reads
-    with open(Path(path).expanduser(), "rb") as f:  # b"\n" alone ends a line, as `wc -l` counts
-        for n, raw in enumerate(f, 1):  # (not \r, U+0085 or U+2028)
+    with naming(path), open(Path(path).expanduser(), "rb") as f:  # b"\n" alone ends a line
+        for n, raw in enumerate(f, 1):  # as `wc -l` counts (not \r, U+0085, U+2028)
             digest.update(raw)
             try:
                 line = raw.decode("utf-8")
@@ -3436,7 +3465,7 @@ def run_encode(args):
     lock = lock_folder(out.parent, "--out")  # one writer in a folder at a time, as runs
     stop = signal.signal(signal.SIGTERM, signal.default_int_handler)  # "interrupted", cleaned up
     try:
-        for left in out.parent.glob(f".{glob.escape(out.stem)}.*.tmp"):  # a kill between the
+        for left in temporaries([out, out.with_suffix(".json")]):  # a kill between the
             left.unlink()  # link and the rename of atomic_write: our names, under our lock
         old = encoded_before(out)
         n, corpus_sha256 = count_lines(args.input, "--input")
@@ -3516,8 +3545,6 @@ def read_vectors(args, model, corpus_sha256, n):
     """--vectors, mapped, believed as far as checked before any ranking [issue 52]: its JSON says
     its bytes, --model, --pooler and --corpus; float32 [lines, H], every row finite."""
     path = Path(args.vectors).expanduser()
-    if why := path_problem(path):  # a FIFO would wait forever
-        raise UserError(f"--vectors {args.vectors} {why}")
     about = described(read_json(path.with_suffix(".json"), f"--vectors {args.vectors}: its .json"),
                       path)
     if about is None:
@@ -3544,7 +3571,7 @@ def read_sts_pairs(path, flag):
     """A TSV of sentence 1, sentence 2, score -> (A, B, gold) as the STS tasks hold them. A header
     is the first row when its score holds no digit ('score', not '4,8'); every other row scores,
     finitely. A bad row: one line naming the file and line [issue 52]."""
-    lines = read_text(path, flag).split("\n")  # \n alone ends a line: not U+0085 or U+2028
+    lines = read_utf8(Path(path).expanduser()).removeprefix("\ufeff").split("\n")  # not U+2028
     rows = [(n, line.rstrip("\r").split("\t")) for n, line in enumerate(lines, 1) if line.strip()]
     if rows and len(rows[0][1]) == 3 and not re.search(r"\d", rows[0][1][2]):
         rows = rows[1:]  # a header row
@@ -3889,9 +3916,11 @@ def check_cli_inputs(args, names, modes, runs=()):
     for flag in ("batch_size", "top_k"):  # search's top_k
         if getattr(args, flag, 1) < 1:
             raise UserError(f"--{flag} {getattr(args, flag)}: must be at least 1")
-    inputs = {f: getattr(args, f, "") for f in ("input", "corpus", "vectors", "queries",
-                                                 "sts_file", "senteval", "model")}
-    check_names(args, inputs)  # a name the file system cannot hold: one line, now
+    files = {f: getattr(args, f, "") for f in ("input", "corpus", "vectors", "queries", "sts_file")}
+    check_names(args, [*files, "senteval", "model"])  # a name the file system cannot hold: now
+    for flag, path in files.items():  # the one rule of inputs; --sts_file's pairs read whole
+        if path:
+            check_file(path, f"--{flag}", whole=flag == "sts_file")
     for i, name in enumerate(names):  # a known name is fetched when loaded (Part 2, as in training)
         check_model(name, "--compare" if i else "--model")
     runs = [load_run(path) for path in runs]
@@ -3902,9 +3931,11 @@ def check_cli_inputs(args, names, modes, runs=()):
         is_dir = args.command == "analyze"
         written = {"analyze": [p / n for n in ANALYSIS_FILES], "eval": [p],
                    "encode": [p, p.with_suffix(".json")]}[args.command]
-        if p.suffix == ".json" and args.command == "encode":  # its JSON would replace it
-            raise UserError(f"--out {out} is the JSON's name: name the vectors ({p.stem}.npy)")
-        read = [*names, *(r["path"] for r in runs), *inputs.values()]  # the one output rule
+        # encode --out x.json, or x.JSON (one file where names ignore case): the vectors lost
+        if len({str(w).casefold() for w in written}) < len(written):
+            raise UserError(f"{flag} {out}: encode's vectors and their JSON would be one file: "
+                            f"name it {p.stem}.npy")
+        read = [*names, *(r["path"] for r in runs), *files.values(), getattr(args, "senteval", "")]
         args.through = [w for w in written if check_output(flag, w, read, through=flag == "--json")]
         folder = p if is_dir else p.parent  # where the output goes
         base = next(a for a in (folder, *folder.parents) if a.exists())  # its nearest existing part

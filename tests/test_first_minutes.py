@@ -74,7 +74,7 @@ def test_wiki1m_resolves_to_the_simcse_corpus_once(hub, tmp_path, monkeypatch, c
     corpus = hub.files["datasets/princeton-nlp/datasets-for-simcse/wiki1m_for_simcse.txt"]
     (tmp_path / "cwd").mkdir()
     monkeypatch.chdir(tmp_path / "cwd")
-    common.check_data("wiki1m.txt")  # absent, yet known: no problem
+    common.check_file("wiki1m.txt")  # absent, yet known: no problem
     path = common.resolve_data("wiki1m.txt")
     assert path == tmp_path / "cache" / "data" / "wiki1m_for_simcse.txt"
     assert path.read_bytes() == corpus

@@ -113,7 +113,7 @@ def test_written_files_get_the_usual_permissions(world, tmp_path):
 def test_a_data_file_past_the_memory_bound_is_refused(world, monkeypatch):
     monkeypatch.setattr(common, "MAX_DATA_BYTES", 100)
     with pytest.raises(common.UserError, match="read into memory; split it"):
-        common.check_data(world["data"])
+        common.check_file(world["data"])
 
 
 def test_a_queue_entry_of_another_width_is_refused():

@@ -648,7 +648,7 @@ def cases(tmp):
     ]
     return c + nothing_lost_cases(tmp, world, base, data, done) + using_a_model_cases(
         tmp, world, base, data) + fourth_pass_cases(tmp, world, base, data) + \
-        believed_cases(tmp, world, base, data), dict(
+        believed_cases(tmp, world, base, data) + rules_cases(tmp, world, base, data), dict(
         world=world, done=done, tmp=tmp)
 
 
@@ -871,6 +871,35 @@ def believed_cases(tmp, world, base, data):
         ("a flag typed with an en dash", "simcse", base + data + ["\u2013lr", "1e-5"], 2, True),
         ("--lr -1e-5 (a value that starts with -)", "simcse", base + data + ["--lr", "-1e-5"], 2,
          True),
+    ]
+
+
+def rules_cases(tmp, world, base, data):
+    """The input and output rules [issue 63] and torchrun's variables read once [issue 61]; EIO on
+    the data is simulated in-process only (tests/test_input_rule.py)."""
+    for name, target in (("pooling_link", "1_Pooling"), ("dense_dangling", "2_Dense")):
+        (tmp / name).mkdir()
+        (tmp / name / target).symlink_to(tmp / f"{name}_elsewhere")
+    (tmp / "pooling_link_elsewhere").mkdir()
+    (tmp / "pooling_link_elsewhere" / "config.json").write_text("somebody's\n")
+    torchrun = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": "29500"}
+    encode = ["encode", "--model", world["model"], "--input", world["data"], "--device", "cpu"]
+    return [
+        ("--dev_file missing (a typo)", "simcse",
+         base + data + ["--dev_file", str(tmp / "nothere.tsv")], 2, True),
+        ("--dev_file a folder", "simcse", base + data + ["--dev_file", str(tmp / "adir")], 2, True),
+        ("--dev_file a FIFO", "simcse", base + data + ["--dev_file", str(tmp / "fifo")], 2, True),
+        ("--out_dir's 1_Pooling a link to a folder elsewhere", "simcse",
+         base[:-1] + [str(tmp / "pooling_link")] + data, 2, False),
+        ("--overwrite of a folder whose 2_Dense is a dangling link", "simcse",
+         base[:-1] + [str(tmp / "dense_dangling"), "--overwrite"] + data, 2, False),
+        ("LOCAL_RANK='²' under torchrun", "simcse", base + data, 2, True,
+         {"env": {**torchrun, "LOCAL_RANK": "²"}}),
+        ("MASTER_PORT='²' under torchrun", "simcse", base + data, 2, True,
+         {"env": {**torchrun, "MASTER_PORT": "²"}}),
+        ("encode: --out x.JSON (one file with its JSON where names ignore case)", "common",
+         encode + ["--out", str(tmp / "x.JSON")], 2, True),
     ]
 
 

@@ -25,7 +25,8 @@ TESTS = {  # ruler title -> the test files that pin its guarantee, written by ha
     "Errors: one line and an exit status, never a traceback":
         ["test_inputs.py", "test_no_late_traceback.py", "test_run_folders.py"],
     "Files: atomic writes, UTF-8, JSON, safetensors":
-        ["test_safetensors_fuzz.py", "test_nothing_lost.py", "test_encode_pairs.py"],
+        ["test_safetensors_fuzz.py", "test_nothing_lost.py", "test_encode_pairs.py",
+         "test_output_rule.py", "test_input_rule.py"],
     "Hugging Face model folders: read and saved":
         ["test_loader_errors.py", "test_checkpoints.py", "test_saving.py", "test_distilbert.py"],
     "Resolving and downloading models and data":
@@ -35,7 +36,8 @@ TESTS = {  # ruler title -> the test files that pin its guarantee, written by ha
         ["test_senteval_tar.py", "test_sts_files.py"],
     "Devices, precision, input checks":
         ["test_inputs.py", "test_cli_inputs.py", "test_precision.py", "test_ddp.py",
-         "test_run_folders.py", "test_believed_inputs.py"],
+         "test_run_folders.py", "test_believed_inputs.py", "test_input_rule.py",
+         "test_output_rule.py"],
     "Training data: text and CSV, tokenized once, a cache on disk":
         ["test_hostile.py", "test_inputs.py", "test_token_arrays.py"],
     "out_dir: a lock, exclusive creation, a log never written through a link":
@@ -46,7 +48,7 @@ TESTS = {  # ruler title -> the test files that pin its guarantee, written by ha
         ["test_host_syncs.py", "test_guidance.py", "test_compile.py",
          "test_first_fifteen_minutes.py"],
     "torchrun: the process group (shard, all_gather: Part 1; the DDP wrapping: Run)":
-        ["test_ddp.py"],
+        ["test_ddp.py", "test_run_folders.py"],
 }
 
 
