@@ -13,7 +13,6 @@ runs the exercise's oracle tests alone; when they fail, it runs your function an
 mistake of it (tests/tools/mutants.py: our body with one line changed) on the same inputs and
 names the mistake yours behaves like, with its `why`. docs/exercises.md is the guide.
 """
-import argparse
 import ast
 import collections
 import io
@@ -30,6 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "tools")]
+from common import OneLineErrors  # noqa: E402
 from mutants import MUTANTS  # noqa: E402
 import mutate  # noqa: E402
 
@@ -394,7 +394,7 @@ def selftest(tree, ex, say=print):
 
 def main():
     first = " ".join(__doc__.split("\n\n")[0].split())  # the first paragraph, whole
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=first)
+    parser = OneLineErrors(description=first)  # a bad argument: one line
     parser.add_argument("command", choices=["list", "start", "check", "reset", "selftest"])
     parser.add_argument("names", nargs="*", help="exercises (selftest: default all)")
     args = parser.parse_args()
