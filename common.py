@@ -932,9 +932,13 @@ def read_utf8(path, error=UserError):
 
 
 def read_json(path, what):
-    """A JSON file, or a one-line CheckpointError saying what is wrong with it."""
-    if not Path(path).is_file():
-        raise CheckpointError(f"{what} ({path}) is missing")
+    """A JSON file, or a one-line CheckpointError saying what is wrong with it: no file (a folder,
+    a FIFO), or over 100 MB (ours and a model's: a few MB), said before it is read."""
+    why = path_problem(path)
+    if not why and os.stat(path).st_size > 10**8:
+        why = f"is {os.stat(path).st_size:,} bytes, too large for one"
+    if why:
+        raise CheckpointError(f"{what} ({path}) {why}")
     try:
         return json.loads(read_utf8(path, CheckpointError))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
@@ -1488,8 +1492,7 @@ def download(url, dest, expected_sha256=None, flag=None):
             return dest
         for p in (dest, part):
             if os.path.lexists(p) and path_problem(p):  # a folder, a link loop: never written
-                why = path_problem(p).split(";")[0]
-                raise UserError(f"{p} {why}: move it away, then run again")
+                raise UserError(f"{p} {path_problem(p)}: move it away, then run again")
         fetch_checked(url, part, expected_sha256, flag)
         os.replace(part, dest)
     finally:
@@ -1869,7 +1872,7 @@ def path_problem(path, folder=False):
     if folder:
         return "" if stat.S_ISDIR(mode) else "is a file, not a folder"
     if stat.S_ISDIR(mode):
-        return "is a directory; pass a text file with one sentence per line"
+        return "is a directory"
     return "" if stat.S_ISREG(mode) else "is not a regular file (a FIFO, device or socket)"
 
 
@@ -3592,12 +3595,19 @@ def summarize(paths):
     if len(paths) < 2:
         raise UserError(f"summarize {' '.join(paths)}: 2 runs at least (a standard deviation)")
     runs = [read_run(path, "summarize") for path in paths]
-    for path, r in zip(paths, runs):  # each a test table of numbers, of the first run's setting
+    for path, r in zip(paths, runs):  # each a whole run's test table, of the first run's setting
         if not r["test"]:
             raise UserError(f"{path}: the run has no test table (--test none); run it with --test "
                             f"sts")
-        if not all(type(v) in (int, float) for v in [*r["test"].values(), r["best_dev"]]):
-            raise UserError(f"{path}: a score in its results.json is not a number")
+        if r.get("stopped"):  # a wrong mean is worse than none: the user leaves it out, and says so
+            raise UserError(f"{path} stopped before its last step ({r['stopped']}): not a result "
+                            f"of the setting; leave it out (and say so) or run that seed again")
+        if not all(type(v) in (int, float) and -100 <= v <= 100  # Spearman x 100
+                   for v in [*r["test"].values(), r["best_dev"]]):
+            raise UserError(f"{path}: a score in its results.json is not a number in [-100, 100]")
+        if lone := sorted(set(r["test"]) ^ set(runs[0]["test"])):  # tasks in one table only
+            raise UserError(f"{paths[0]} and {path}: {', '.join(lone)} in one test table only "
+                            f"(edited or cut?): not one setting's tables")
         differ = config_difference(runs[0], r)
         if differ:  # another setting
             raise UserError(f"{paths[0]} and {path} differ in {', '.join(differ)}: not seeds of "
@@ -3606,8 +3616,7 @@ def summarize(paths):
     if len(set(seeds)) < len(seeds):
         raise UserError(f"seed {max(seeds, key=seeds.count)} twice in {' '.join(paths)}: the same "
                         f"run given twice?")
-    tasks = [k for k in [*TEST_TASKS, "Avg"] if all(k in r["test"] for r in runs)]
-    table = {k: np.array([r["test"][k] for r in runs], dtype=np.float64) for k in tasks}
+    table = {k: np.array([r["test"][k] for r in runs], dtype=np.float64) for k in runs[0]["test"]}
     table["best dev"] = np.array([r["best_dev"] for r in runs], dtype=np.float64)
     return {k: (float(x.mean()), float(x.std(ddof=1))) for k, x in table.items()}, seeds
 
