@@ -2017,16 +2017,19 @@ def read_lines(path):
     return [row[0] for row in sentence_rows(path, text_lines(path))]
 
 
-def text_lines(path, progress=None):
+def text_lines(path, progress=None, read=None):
     """A UTF-8 file's lines, streamed (1M lines: the text is never whole in memory [issue 54]):
     each ends at \\n, \\r or \\r\\n, as in StringIO(newline=""); a byte-order mark dropped; a bad
-    byte: read_utf8's one-line error. progress(MB read, MB in all), every 10,000 lines."""
+    byte: read_utf8's one-line error. progress(MB read, MB in all), every 10,000 lines; `read`, a
+    hashlib object, takes the bytes as they are read."""
     check_data(path)
     path = Path(path).expanduser()
     size = max(path.stat().st_size // 10**6, 1)
     try:
         with open(path, encoding="utf-8", newline="") as f:
             for i, line in enumerate(f):
+                if read:  # UTF-8 decoded with no newline translation: encoded, the same bytes
+                    read.update(line.encode())
                 if i == 0:
                     line = line.removeprefix("\ufeff")
                 if progress and i % 10_000 == 0:
@@ -2039,17 +2042,15 @@ def text_lines(path, progress=None):
         progress(size, size)
 
 
-def training_rows(path, progress=None):
+def training_rows(path, progress=None, read=None):
     """Sentences (one a line), or CSV rows (sentence, positive[, hard negative]) for supervised
     SimCSE, streamed: tuples of 1-3 strings, each cut to MAX_SENTENCE_CHARS (said once, at the end,
-    not an error)."""
+    not an error). `read`: see text_lines."""
     if Path(path).suffix.lower() == ".tsv":  # its tabs would join a pair into one "sentence"
         raise UserError(f"{path}: a .tsv is not read; sentence pairs go in a .csv (sent0,sent1"
                         f"[,hard_neg]), else one sentence a line in a .txt")
-    if Path(path).suffix.lower() == ".csv":
-        rows = csv_rows(path, text_lines(path, progress))
-    else:
-        rows = sentence_rows(path, text_lines(path, progress))
+    rows_of = csv_rows if Path(path).suffix.lower() == ".csv" else sentence_rows
+    rows = rows_of(path, text_lines(path, progress, read))
     cut = 0
     for row in rows:
         cut += sum(len(s) > MAX_SENTENCE_CHARS for s in row)
@@ -2099,8 +2100,10 @@ def csv_rows(path, lines):
 
 
 def start_tokenizing(tok, max_len):
-    """A tokenizing worker's start: Ctrl-C is the parent's to handle (no traceback per worker)."""
+    """A tokenizing worker's start: Ctrl-C is the parent's to handle, SIGTERM (the parent's pool
+    ending) ends it at once: no traceback per worker."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     TOKENIZING.update(tok=tok, max_len=max_len)
 
 
@@ -2121,14 +2124,19 @@ def tokenize_rows(tok, rows, max_len, workers):
     only the ids are kept, 4 bytes a token (id lists: ~60 [issue 54]). With workers > 1, chunks go
     to a process pool a wave at a time (a pool's map would read the whole file ahead)."""
     chunks = iter(lambda: list(itertools.islice(rows, TOKENIZE_CHUNK)), [])
-    if workers > 1:
-        with multiprocessing.Pool(workers, start_tokenizing, (tok, max_len)) as pool:
-            parts = []
-            while wave := list(itertools.islice(chunks, 2 * workers)):
-                parts += pool.map(tokenize_chunk, wave)
-    else:
-        TOKENIZING.update(tok=tok, max_len=max_len)
-        parts = list(map(tokenize_chunk, chunks))
+    # SIGTERM (`kill PID`, a scheduler) stops the set-up as Ctrl-C does: one line, no token cache
+    before = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        if workers > 1:
+            with multiprocessing.Pool(workers, start_tokenizing, (tok, max_len)) as pool:
+                parts = []
+                while wave := list(itertools.islice(chunks, 2 * workers)):
+                    parts += pool.map(tokenize_chunk, wave)
+        else:
+            TOKENIZING.update(tok=tok, max_len=max_len)
+            parts = list(map(tokenize_chunk, chunks))
+    finally:
+        signal.signal(signal.SIGTERM, before)
     flat = np.concatenate([p[0] for p in parts])
     lengths = np.concatenate([p[1] for p in parts])
     return flat, lengths, sum(p[2] for p in parts)
@@ -2178,7 +2186,8 @@ def tokenize_file(tok, path, max_len):
     except Exception as e:  # a cut or edited cache file: not fatal
         print(f"note: the token cache {cached} is unreadable ({type(e).__name__}): tokenizing "
               f"again", file=sys.stderr)
-    rows = training_rows(path, Progress("corpus", "MB tokenized"))
+    read = hashlib.sha256()  # of the bytes tokenized, as they are read: the file may change
+    rows = training_rows(path, Progress("corpus", "MB tokenized"), read)
     workers = 1
     if path.stat().st_size >= TOKENIZE_POOL_BYTES:  # the cores at work [issue 54, docs/speed.md]
         workers = min(os.cpu_count() or 1, 4)  # each holds its own word cache
@@ -2188,7 +2197,9 @@ def tokenize_file(tok, path, max_len):
               f"zero-width characters): skipped", file=sys.stderr)
     cols = lengths.shape[1]
     offsets = np.concatenate([[0], np.cumsum(lengths.reshape(-1))])  # [N*C + 1]
-    data = TokenizedRows(flat, offsets, cols, digest)
+    data = TokenizedRows(flat, offsets, cols, read.hexdigest())
+    if read.hexdigest() != digest:  # changed since hashed: its tokens are not those of `key`
+        return data, time.time() - start, False
     with contextlib.suppress(OSError):  # a read-only cache costs the next run the tokenization
         cached.parent.mkdir(parents=True, exist_ok=True)
         with atomic_write(cached, "wb") as f:
