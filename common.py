@@ -1169,6 +1169,9 @@ def read_tensors(folder):
     try:
         tensors = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
     except Exception as e:  # weights_only refuses anything but tensors and plain containers
+        if "Weights only load failed" not in str(e):  # [torch.load's refusal] else a cut file
+            raise CheckpointError(f"{folder}/pytorch_model.bin is truncated or corrupt ("
+                                  f"{type(e).__name__}): delete it and download it again") from None
         raise CheckpointError(f"{folder}/pytorch_model.bin cannot be loaded safely (weights only; "
                               f"{type(e).__name__}): convert it to model.safetensors") from None
     if not (isinstance(tensors, dict) and all(type(k) is str and isinstance(v, torch.Tensor)
@@ -2687,6 +2690,9 @@ def read_dev_pairs(run):
     run.dev_sha256 = run.cfg.dev_file and sha256_file(Path(run.cfg.dev_file).expanduser())
     run.dev_pairs = read_sts_pairs(run.cfg.dev_file, "--dev_file") if run.cfg.dev_file else \
         load_sts(run.senteval, "dev")["STSBenchmark"]["dev"]
+    if not (run.dev_pairs[2] > POSITIVE_GOLD).any():  # another scale than STS's 0-5
+        run.log(f"note: no pair of {run.dev_name} scores above {POSITIVE_GOLD:g}, what alignment "
+                f"takes for a positive on STS's 0-5 scale: its align is nan")
 
 
 class Run:
