@@ -2201,12 +2201,11 @@ def tokenize_file(tok, path, max_len):
     cols = lengths.shape[1]
     offsets = np.concatenate([[0], np.cumsum(lengths.reshape(-1))])  # [N*C + 1]
     data = TokenizedRows(flat, offsets, cols, read.hexdigest())
-    if read.hexdigest() != digest:  # changed since hashed: its tokens are not those of `key`
-        return data, time.time() - start, False
-    with contextlib.suppress(OSError):  # a read-only cache costs the next run the tokenization
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_write(cached, "wb") as f:
-            np.savez(f, flat=data.flat, offsets=data.offsets, cols=data.cols)
+    if read.hexdigest() == digest:  # else changed since hashed: not the tokens of `key`
+        with contextlib.suppress(OSError):  # a read-only cache: the next run tokenizes again
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_write(cached, "wb") as f:
+                np.savez(f, flat=data.flat, offsets=data.offsets, cols=data.cols)
     return data, time.time() - start, False
 
 
@@ -3617,14 +3616,12 @@ def summarize(paths):
             raise UserError(f"{path}: the run has no test table (--test none); run it with --test "
                             f"sts")
         if r.get("stopped"):  # a wrong mean is worse than none: the user leaves it out, and says so
-            raise UserError(f"{path} stopped before its last step ({r['stopped']}): not a result "
-                            f"of the setting; leave it out (and say so) or run that seed again")
+            raise UserError(f"{path} stopped early ({r['stopped']}): leave it out, and say so")
         if not all(type(v) in (int, float) and -100 <= v <= 100  # Spearman x 100
                    for v in [*r["test"].values(), r["best_dev"]]):
             raise UserError(f"{path}: a score in its results.json is not a number in [-100, 100]")
-        if lone := sorted(set(r["test"]) ^ set(runs[0]["test"])):  # tasks in one table only
-            raise UserError(f"{paths[0]} and {path}: {', '.join(lone)} in one test table only "
-                            f"(edited or cut?): not one setting's tables")
+        if lone := sorted(set(r["test"]) ^ set(runs[0]["test"])):
+            raise UserError(f"{paths[0]} and {path}: {', '.join(lone)} in one test table only")
         differ = config_difference(runs[0], r)
         if differ:  # another setting
             raise UserError(f"{paths[0]} and {path} differ in {', '.join(differ)}: not seeds of "
