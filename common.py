@@ -932,10 +932,9 @@ def read_utf8(path, error=UserError):
 
 
 def read_json(path, what):
-    """A JSON file, or a one-line CheckpointError saying what is wrong with it: no file (a folder,
-    a FIFO), or over 100 MB (ours and a model's: a few MB), said before it is read."""
+    """A JSON file, or one line (CheckpointError): missing, no file, over 100 MB, not JSON."""
     why = path_problem(path)
-    if not why and os.stat(path).st_size > 10**8:
+    if not why and os.stat(path).st_size > 10**8:  # ours and a model's: a few MB; read whole
         why = f"is {os.stat(path).st_size:,} bytes, too large for one"
     if why:
         raise CheckpointError(f"{what} ({path}) {why}")
@@ -2103,8 +2102,7 @@ def csv_rows(path, lines):
 
 
 def start_tokenizing(tok, max_len):
-    """A tokenizing worker's start: Ctrl-C is the parent's to handle, SIGTERM (the parent's pool
-    ending) ends it at once: no traceback per worker."""
+    """A tokenizing worker's start: Ctrl-C is the parent's, SIGTERM ends it: no traceback each."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     TOKENIZING.update(tok=tok, max_len=max_len)
@@ -2127,8 +2125,7 @@ def tokenize_rows(tok, rows, max_len, workers):
     only the ids are kept, 4 bytes a token (id lists: ~60 [issue 54]). With workers > 1, chunks go
     to a process pool a wave at a time (a pool's map would read the whole file ahead)."""
     chunks = iter(lambda: list(itertools.islice(rows, TOKENIZE_CHUNK)), [])
-    # SIGTERM (`kill PID`, a scheduler) stops the set-up as Ctrl-C does: one line, no token cache
-    before = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    before = signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: one line
     try:
         if workers > 1:
             with multiprocessing.Pool(workers, start_tokenizing, (tok, max_len)) as pool:
