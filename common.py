@@ -2137,9 +2137,8 @@ def tokenize_rows(tok, rows, max_len, workers):
             parts = list(map(tokenize_chunk, chunks))
     finally:
         signal.signal(signal.SIGTERM, before)
-    flat = np.concatenate([p[0] for p in parts])
-    lengths = np.concatenate([p[1] for p in parts])
-    return flat, lengths, sum(p[2] for p in parts)
+    flat, lengths, skipped = zip(*parts)
+    return np.concatenate(flat), np.concatenate(lengths), sum(skipped)
 
 
 class TokenizedRows:
@@ -2195,9 +2194,8 @@ def tokenize_file(tok, path, max_len):
     if skipped:
         print(f"note: {skipped} row(s) of {path} hold no token once cleaned (only control or "
               f"zero-width characters): skipped", file=sys.stderr)
-    cols = lengths.shape[1]
     offsets = np.concatenate([[0], np.cumsum(lengths.reshape(-1))])  # [N*C + 1]
-    data = TokenizedRows(flat, offsets, cols, read.hexdigest())
+    data = TokenizedRows(flat, offsets, lengths.shape[1], read.hexdigest())
     if read.hexdigest() == digest:  # else changed since hashed: not the tokens of `key`
         with contextlib.suppress(OSError):  # a read-only cache: the next run tokenizes again
             cached.parent.mkdir(parents=True, exist_ok=True)
