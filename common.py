@@ -956,9 +956,12 @@ def read_utf8(path, error=UserError):
 
 
 def read_json(path, what):
-    """A JSON file, or a one-line CheckpointError saying what is wrong with it."""
-    if not Path(path).is_file():
-        raise CheckpointError(f"{what} ({path}) is missing")
+    """A JSON file, or one line (CheckpointError): missing, no file, over 100 MB, not JSON."""
+    why = path_problem(path)
+    if not why and os.stat(path).st_size > 10**8:  # ours and a model's: a few MB; read whole
+        why = f"is {os.stat(path).st_size:,} bytes, too large for one"
+    if why:
+        raise CheckpointError(f"{what} ({path}) {why}")
     try:
         return json.loads(read_utf8(path, CheckpointError))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
@@ -1189,6 +1192,9 @@ def read_tensors(folder):
     try:
         tensors = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
     except Exception as e:  # weights_only refuses anything but tensors and plain containers
+        if "Weights only load failed" not in str(e):  # [torch.load's refusal] else a cut file
+            raise CheckpointError(f"{folder}/pytorch_model.bin is truncated or corrupt ("
+                                  f"{type(e).__name__}): delete it and download it again") from None
         raise CheckpointError(f"{folder}/pytorch_model.bin cannot be loaded safely (weights only; "
                               f"{type(e).__name__}): convert it to model.safetensors") from None
     if not (isinstance(tensors, dict) and all(type(k) is str and isinstance(v, torch.Tensor)
@@ -1519,8 +1525,7 @@ def download(url, dest, expected_sha256=None, flag=None):
             return dest
         for p in (dest, part):
             if os.path.lexists(p) and path_problem(p):  # a folder, a link loop: never written
-                why = path_problem(p).split(";")[0]
-                raise UserError(f"{p} {why}: move it away, then run again")
+                raise UserError(f"{p} {path_problem(p)}: move it away, then run again")
         fetch_checked(url, part, expected_sha256, flag)
         os.replace(part, dest)
     finally:
@@ -2055,15 +2060,18 @@ def read_lines(path):
     return [row[0] for row in sentence_rows(path, text_lines(path))]
 
 
-def text_lines(path, progress=None):
+def text_lines(path, progress=None, read=None):
     """A UTF-8 file's lines, streamed (1M lines: the text is never whole in memory [issue 54]):
     each ends at \\n, \\r or \\r\\n, as in StringIO(newline=""); a byte-order mark dropped; a bad
-    byte: read_utf8's one-line error. progress(MB read, MB in all), every 10,000 lines."""
+    byte: read_utf8's one-line error. progress(MB read, MB in all), every 10,000 lines; `read`, a
+    hashlib object, takes the bytes as they are read."""
     path = Path(path).expanduser()  # checked by the command (check_file)
     size = max(path.stat().st_size // 10**6, 1)
     try:
         with naming(path), open(path, encoding="utf-8", newline="") as f:
             for i, line in enumerate(f):
+                if read:  # UTF-8 decoded with no newline translation: encoded, the same bytes
+                    read.update(line.encode())
                 if i == 0:
                     line = line.removeprefix("\ufeff")
                 if progress and i % 10_000 == 0:
@@ -2076,17 +2084,15 @@ def text_lines(path, progress=None):
         progress(size, size)
 
 
-def training_rows(path, progress=None):
+def training_rows(path, progress=None, read=None):
     """Sentences (one a line), or CSV rows (sentence, positive[, hard negative]) for supervised
     SimCSE, streamed: tuples of 1-3 strings, each cut to MAX_SENTENCE_CHARS (said once, at the end,
-    not an error)."""
+    not an error). `read`: see text_lines."""
     if Path(path).suffix.lower() == ".tsv":  # its tabs would join a pair into one "sentence"
         raise UserError(f"{path}: a .tsv is not read; sentence pairs go in a .csv (sent0,sent1"
                         f"[,hard_neg]), else one sentence a line in a .txt")
-    if Path(path).suffix.lower() == ".csv":
-        rows = csv_rows(path, text_lines(path, progress))
-    else:
-        rows = sentence_rows(path, text_lines(path, progress))
+    rows_of = csv_rows if Path(path).suffix.lower() == ".csv" else sentence_rows
+    rows = rows_of(path, text_lines(path, progress, read))
     cut = 0
     for row in rows:
         cut += sum(len(s) > MAX_SENTENCE_CHARS for s in row)
@@ -2136,8 +2142,9 @@ def csv_rows(path, lines):
 
 
 def start_tokenizing(tok, max_len):
-    """A tokenizing worker's start: Ctrl-C is the parent's to handle (no traceback per worker)."""
+    """A tokenizing worker's start: Ctrl-C is the parent's, SIGTERM ends it: no traceback each."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     TOKENIZING.update(tok=tok, max_len=max_len)
 
 
@@ -2158,17 +2165,20 @@ def tokenize_rows(tok, rows, max_len, workers):
     only the ids are kept, 4 bytes a token (id lists: ~60 [issue 54]). With workers > 1, chunks go
     to a process pool a wave at a time (a pool's map would read the whole file ahead)."""
     chunks = iter(lambda: list(itertools.islice(rows, TOKENIZE_CHUNK)), [])
-    if workers > 1:
-        with multiprocessing.Pool(workers, start_tokenizing, (tok, max_len)) as pool:
-            parts = []
-            while wave := list(itertools.islice(chunks, 2 * workers)):
-                parts += pool.map(tokenize_chunk, wave)
-    else:
-        TOKENIZING.update(tok=tok, max_len=max_len)
-        parts = list(map(tokenize_chunk, chunks))
-    flat = np.concatenate([p[0] for p in parts])
-    lengths = np.concatenate([p[1] for p in parts])
-    return flat, lengths, sum(p[2] for p in parts)
+    before = signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: one line
+    try:
+        if workers > 1:
+            with multiprocessing.Pool(workers, start_tokenizing, (tok, max_len)) as pool:
+                parts = []
+                while wave := list(itertools.islice(chunks, 2 * workers)):
+                    parts += pool.map(tokenize_chunk, wave)
+        else:
+            TOKENIZING.update(tok=tok, max_len=max_len)
+            parts = list(map(tokenize_chunk, chunks))
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    flat, lengths, skipped = zip(*parts)
+    return np.concatenate(flat), np.concatenate(lengths), sum(skipped)
 
 
 class TokenizedRows:
@@ -2215,7 +2225,8 @@ def tokenize_file(tok, path, max_len):
     except Exception as e:  # a cut or edited cache file: not fatal
         print(f"note: the token cache {cached} is unreadable ({type(e).__name__}): tokenizing "
               f"again", file=sys.stderr)
-    rows = training_rows(path, Progress("corpus", "MB tokenized"))
+    read = hashlib.sha256()  # of the bytes tokenized, as they are read: the file may change
+    rows = training_rows(path, Progress("corpus", "MB tokenized"), read)
     workers = 1
     if path.stat().st_size >= TOKENIZE_POOL_BYTES:  # the cores at work [issue 54, docs/speed.md]
         workers = min(os.cpu_count() or 1, 4)  # each holds its own word cache
@@ -2223,13 +2234,13 @@ def tokenize_file(tok, path, max_len):
     if skipped:
         print(f"note: {skipped} row(s) of {path} hold no token once cleaned (only control or "
               f"zero-width characters): skipped", file=sys.stderr)
-    cols = lengths.shape[1]
     offsets = np.concatenate([[0], np.cumsum(lengths.reshape(-1))])  # [N*C + 1]
-    data = TokenizedRows(flat, offsets, cols, digest)
-    with contextlib.suppress(OSError):  # a read-only cache costs the next run the tokenization
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_write(cached, "wb") as f:
-            np.savez(f, flat=data.flat, offsets=data.offsets, cols=data.cols)
+    data = TokenizedRows(flat, offsets, lengths.shape[1], read.hexdigest())
+    if read.hexdigest() == digest:  # else changed since hashed: not the tokens of `key`
+        with contextlib.suppress(OSError):  # a read-only cache: the next run tokenizes again
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_write(cached, "wb") as f:
+                np.savez(f, flat=data.flat, offsets=data.offsets, cols=data.cols)
     return data, time.time() - start, False
 
 
@@ -2689,6 +2700,9 @@ def read_dev_pairs(run):
     run.dev_sha256 = run.cfg.dev_file and sha256_file(Path(run.cfg.dev_file).expanduser())
     run.dev_pairs = read_sts_pairs(run.cfg.dev_file, "--dev_file") if run.cfg.dev_file else \
         load_sts(run.senteval, "dev")["STSBenchmark"]["dev"]
+    if not (run.dev_pairs[2] > POSITIVE_GOLD).any():  # another scale than STS's 0-5
+        run.log(f"note: no pair of {run.dev_name} scores above {POSITIVE_GOLD:g}, what alignment "
+                f"takes for a positive on STS's 0-5 scale: its align is nan")
 
 
 class Run:
@@ -3618,12 +3632,17 @@ def summarize(paths):
     if len(paths) < 2:
         raise UserError(f"summarize {' '.join(paths)}: 2 runs at least (a standard deviation)")
     runs = [read_run(path, "summarize") for path in paths]
-    for path, r in zip(paths, runs):  # each a test table of numbers, of the first run's setting
+    for path, r in zip(paths, runs):  # each a whole run's test table, of the first run's setting
         if not r["test"]:
             raise UserError(f"{path}: the run has no test table (--test none); run it with --test "
                             f"sts")
-        if not all(type(v) in (int, float) for v in [*r["test"].values(), r["best_dev"]]):
-            raise UserError(f"{path}: a score in its results.json is not a number")
+        if r.get("stopped"):  # a wrong mean is worse than none: the user leaves it out, and says so
+            raise UserError(f"{path} stopped early ({r['stopped']}): leave it out, and say so")
+        if not all(type(v) in (int, float) and -100 <= v <= 100  # Spearman x 100
+                   for v in [*r["test"].values(), r["best_dev"]]):
+            raise UserError(f"{path}: a score in its results.json is not a number in [-100, 100]")
+        if lone := sorted(set(r["test"]) ^ set(runs[0]["test"])):
+            raise UserError(f"{paths[0]} and {path}: {', '.join(lone)} in one test table only")
         differ = config_difference(runs[0], r)
         if differ:  # another setting
             raise UserError(f"{paths[0]} and {path} differ in {', '.join(differ)}: not seeds of "
@@ -3632,8 +3651,7 @@ def summarize(paths):
     if len(set(seeds)) < len(seeds):
         raise UserError(f"seed {max(seeds, key=seeds.count)} twice in {' '.join(paths)}: the same "
                         f"run given twice?")
-    tasks = [k for k in [*TEST_TASKS, "Avg"] if all(k in r["test"] for r in runs)]
-    table = {k: np.array([r["test"][k] for r in runs], dtype=np.float64) for k in tasks}
+    table = {k: np.array([r["test"][k] for r in runs], dtype=np.float64) for k in runs[0]["test"]}
     table["best dev"] = np.array([r["best_dev"] for r in runs], dtype=np.float64)
     return {k: (float(x.mean()), float(x.std(ddof=1))) for k, x in table.items()}, seeds
 

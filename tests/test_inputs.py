@@ -3,6 +3,7 @@ one line on stderr, never a traceback, and a refusal before training leaves no o
 in-process through main_guard, the same path as the command line (tests/tools/bad_inputs.py runs
 them through real processes and prints the table)."""
 import importlib
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,10 @@ def table(tmp_path_factory):
 
 
 def run(script, args):
+    if script.endswith(".py"):  # a tool (tests/tools/): in its own process, as a user runs it
+        code, stderr = run_cli(script, args)
+        print(stderr, end="", file=sys.stderr)
+        return code
     try:
         if script == "common":
             common.main_guard(common.cli, args)

@@ -161,3 +161,22 @@ def test_common_imports_only_stdlib_torch_numpy_scipy():
     ), f"common.py imports modules beyond stdlib/torch/numpy/scipy: {result['new']}"
     forbidden = {"transformers", "safetensors", "tokenizers", "sentence_transformers", "tqdm"}
     assert not forbidden & set(result["all"])
+
+
+def test_a_truncated_pytorch_model_bin_says_so(tmp_path):
+    """A cut download is no unsafe pickle: it is named truncated, with the fix [issue 63]."""
+    folder = write_folder(tmp_path / "t", {}, fmt=None)
+    torch.save(legacy_checkpoint()[0], folder / "pytorch_model.bin")
+    whole = (folder / "pytorch_model.bin").read_bytes()
+    (folder / "pytorch_model.bin").write_bytes(whole[:len(whole) // 2])
+    with pytest.raises(CheckpointError, match="truncated or corrupt .*download it again"):
+        Bert.from_pretrained(folder)
+
+
+def test_a_model_file_that_is_a_folder_is_named_so(tmp_path):
+    """Not "pass a text file with one sentence per line": that is the data's fix [issue 63]."""
+    folder = write_folder(tmp_path / "d", legacy_checkpoint()[0])
+    (folder / "config.json").unlink()
+    (folder / "config.json").mkdir()
+    with pytest.raises(common.UserError, match=r"its config\.json is a directory$"):
+        common.check_model(str(folder), "--model")

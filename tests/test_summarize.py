@@ -91,7 +91,7 @@ def test_what_cannot_be_summarized_is_one_line(runs, tmp_path):
         common.summarize(runs[:1])
     with pytest.raises(common.UserError, match="seed 1 twice"):
         common.summarize([runs[0], runs[0]])
-    with pytest.raises(common.UserError, match="missing"):
+    with pytest.raises(common.UserError, match="does not exist"):
         common.summarize([runs[0], str(tmp_path / "nowhere")])
     r = results(runs[1]) | {"test": {}}
     (tmp_path / "none").mkdir()

@@ -149,3 +149,12 @@ def test_dev_file_picks_the_best_step_on_its_pairs(tmp_path):
     assert np.allclose(flipped, runs["stsb"]["dev_history"], atol=1e-3)
     assert runs["flipped"]["align_uniform_on"].endswith("f.tsv")
     assert "| dev " in (tmp_path / "flipped" / "log.txt").read_text()
+
+
+def test_dev_file_on_another_scale_says_why_its_align_is_nan(tmp_path):
+    """No pair above 4 (scores 0-1): alignment has no positive; said once, not nan unexplained."""
+    path = write_tsv(tmp_path / "d.tsv", ["a man runs ."] * 3, ["a dog runs ."] * 3, [0, 0.5, 1])
+    logged = []
+    run = argparse.Namespace(cfg=argparse.Namespace(dev_file=path), log=logged.append)
+    common.read_dev_pairs(run)
+    assert len(logged) == 1 and "no pair of" in logged[0] and "align is nan" in logged[0]

@@ -3,6 +3,7 @@ code | message".
 
     python tests/tools/bad_inputs.py            # builds a tiny world in a temporary folder; about a
     minute on a CPU
+    python tests/tools/bad_inputs.py summarize make_corpus   # the rows whose label holds a word
 
 tests/test_inputs.py runs the same cases in-process. Each case: a label, the script ("common":
 common.py's command line), its flags, the exit code it must give, whether the run must leave no
@@ -648,7 +649,8 @@ def cases(tmp):
     ]
     return c + nothing_lost_cases(tmp, world, base, data, done) + using_a_model_cases(
         tmp, world, base, data) + fourth_pass_cases(tmp, world, base, data) + \
-        believed_cases(tmp, world, base, data) + rules_cases(tmp, world, base, data), dict(
+        believed_cases(tmp, world, base, data) + rules_cases(tmp, world, base, data) + \
+        newest_path_cases(tmp, world, base, data), dict(
         world=world, done=done, tmp=tmp)
 
 
@@ -903,6 +905,76 @@ def rules_cases(tmp, world, base, data):
     ]
 
 
+def newest_path_cases(tmp, world, base, data):
+    """Issue 63: the tools a user runs, summarize's runs that cannot be averaged, messages that
+    misled. (SIGTERM while tokenizing and a file changed while read: tests/test_token_cache.py.)"""
+    model, tools = Path(world["model"]), "tests/tools/"
+    (tmp / "thesis.txt").write_text("a thesis, not a corpus\n")
+    (tmp / "four_words.txt").write_text("one two three four\n")
+    head = ["--head", world["data"], "--lines", "5"]
+    run = {"method": "simcse", "config": {"seed": 1}, "best_dev": 80.0,
+           "test": {"STS12": 70.0, "STS15": 72.0, "Avg": 71.0}}
+    odd = {"n1": {}, "n_stopped": {"stopped": "the loss became nan at step 3"},
+           "n_lacks": {"test": {"STS12": 70.0, "Avg": 71.0}}, "n_big": {"best_dev": 10**400}}
+    for i, (name, changes) in enumerate(odd.items()):
+        (tmp / name).mkdir()
+        (tmp / name / "results.json").write_text(json.dumps(run | {"config": {"seed": i}} |
+                                                            changes))
+    (tmp / "n_folder" / "results.json").mkdir(parents=True)
+    (tmp / "n_fifo").mkdir()
+    os.mkfifo(tmp / "n_fifo" / "results.json")
+    (tmp / "n_huge").mkdir()
+    with open(tmp / "n_huge" / "results.json", "w") as f:
+        os.truncate(f.fileno(), 2**40)  # 1 TiB, sparse
+    cut_bin = copy_model(model, tmp / "m_cut_bin", training_checkpoint)
+    torch_bin = Path(cut_bin) / "pytorch_model.bin"
+    import torch
+    torch.save(common.read_safetensors(model / "model.safetensors"), torch_bin)
+    torch_bin.write_bytes(torch_bin.read_bytes()[:5000])
+    config_dir = copy_model(model, tmp / "m_config_dir", lambda d: ((d / "config.json").unlink(),
+                                                                    (d / "config.json").mkdir()))
+    (tmp / "dev_0_1.tsv").write_text("a man runs .\ta dog runs .\t0\nx y .\tz w .\t1\n")
+    summarize = ["summarize", str(tmp / "n1")]
+    return [
+        ("make_corpus: --out an existing file", tools + "make_corpus.py",
+         ["--out", str(tmp / "thesis.txt"), *head], 2, True),
+        ("make_corpus: --out the --head, --overwrite", tools + "make_corpus.py",
+         ["--out", world["data"], *head, "--overwrite"], 2, True),
+        ("make_corpus: --model_out a trained model's folder", tools + "make_corpus.py",
+         ["--model_out", str(model), "--vocab", str(model / "vocab.txt")], 2, True),
+        ("make_corpus: --lines -5", tools + "make_corpus.py",
+         ["--out", str(tmp / "c.txt"), "--lines", "-5"], 2, True),
+        ("make_corpus: --head missing", tools + "make_corpus.py",
+         ["--out", str(tmp / "c.txt"), "--head", str(tmp / "nowhere.txt")], 2, True),
+        ("make_corpus: a four-word --head", tools + "make_corpus.py",
+         ["--out", str(tmp / "c.txt"), "--head", str(tmp / "four_words.txt")], 2, True),
+        ("make_generator: --out a model's folder", tools + "make_generator.py",
+         ["--model", str(model), "--data", world["data"], "--out", str(model)], 2, True),
+        ("bench_scale: --scale abc", tools + "bench_scale.py", ["--scale", "abc"], 2, True),
+        ("gpu_scale: --extra with an unclosed quote", tools + "gpu_scale.py",
+         [*data, "--model", str(model), "--extra", '"--lr 1'], 2, True),
+        ("gpu_scale: --extra --out_dir (it sets that itself)", tools + "gpu_scale.py",
+         [*data, "--model", str(model), "--extra", "--out_dir /tmp/x"], 2, True),
+        ("exercise: no such command", tools + "exercise.py", ["strat"], 2, True),
+        ("summarize: a run that stopped itself (a NaN loss)", "common",
+         summarize + [str(tmp / "n_stopped")], 2, True),
+        ("summarize: a task missing from one run's table", "common",
+         summarize + [str(tmp / "n_lacks")], 2, True),
+        ("summarize: a best_dev of 400 digits", "common", summarize + [str(tmp / "n_big")], 2,
+         True),
+        ("summarize: results.json a folder", "common", summarize + [str(tmp / "n_folder")], 2,
+         True),
+        ("summarize: results.json a FIFO", "common", summarize + [str(tmp / "n_fifo")], 2, True),
+        ("summarize: a 1 TiB results.json", "common", summarize + [str(tmp / "n_huge")], 2, True),
+        ("model: pytorch_model.bin truncated", "simcse", base + data + ["--model", cut_bin], 2,
+         True),
+        ("model: config.json a folder", "simcse", base + data + ["--model", config_dir], 2, True),
+        ("--dev_file: scores 0-1, no pair above 4 (a note on align, not an error)", "simcse",
+         base[:-1] + [str(tmp / "out_dev01")] + data + ["--dev_file", str(tmp / "dev_0_1.tsv")],
+         0, False),
+    ]
+
+
 def training_checkpoint(folder):
     """pytorch_model.bin as a trainer saves it: a nested dict (weights, optimizer state, step)."""
     import torch
@@ -1014,13 +1086,19 @@ def lock_held(names, options=None):
         os.close(fd)
 
 
+def program(script):
+    """A row's script: "common" (common.py's command line), a method, or a tool's path."""
+    if script.endswith(".py"):
+        return script
+    return "common.py" if script == "common" else f"{script}_min.py"
+
+
 def run_cli(script, args, options=None):
     """The command line, in a process: -> (exit status, stderr). options: env, fsize (see the module
     doc)."""
     options = options or {}
     limit = options.get("fsize")
-    proc = subprocess.run([sys.executable, "common.py" if script == "common"
-                           else f"{script}_min.py", *args],
+    proc = subprocess.run([sys.executable, program(script), *args],
                           capture_output=True, text=True, cwd=TESTS.parent, timeout=300,
                           env={**os.environ, **options.get("env", {})},
                           preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit,
@@ -1040,6 +1118,8 @@ def main():
         os.environ.setdefault("SIMCSE_CACHE", str(Path(tmp) / "cache"))
         common.CACHE = Path(os.environ["SIMCSE_CACHE"])  # prepare() runs in this process
         table, context = cases(tmp)
+        wanted = sys.argv[1:]  # words of the labels to run (default: every row)
+        table = [row for row in table if not wanted or any(w in row[0] for w in wanted)]
         names = prepare(tmp, context)
         print("| input | exit code | message |\n|---|---|---|")
         failures = 0

@@ -100,23 +100,37 @@ def load():
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
+def sizes(text):
+    """--scale's "250000,500000" -> [250000, 500000]."""
+    try:
+        return [int(n) for n in text.split(",") if n]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not line counts such as 250000,500000")
+
+
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sys.path.insert(0, str(ROOT))  # here, not above: a child imports its --repo's common
+    import common
+    p = common.OneLineErrors(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", type=Path, help="the N-line corpus (make_corpus.py)")
     p.add_argument("--model", type=Path, default=MODEL, help="its vocab.txt is what counts")
     p.add_argument("--repo", type=Path, action="append", default=[],
                    help="another checkout to compare (repeatable); this one is always run")
-    p.add_argument("--scale", default="", help="more sizes, first lines of --data: 250000,500000")
-    p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.child:
-        return child(*args.child)
+    p.add_argument("--scale", type=sizes, default=[],
+                   help="more sizes, first lines of --data: 250000,500000")
+    common.main_guard(bench, p.parse_args(), common)
+
+
+def bench(args, common):
+    """Each size of the corpus, cold and cached, in each checkout: a row each."""
     if not args.data:
-        p.error("--data is required")
+        raise common.UserError("--data is required: the N-line corpus (make_corpus.py)")
+    common.check_file(args.data, "--data")
+    common.check_model(args.model, "--model")
     print(f"load: {load()}; {os.cpu_count()} CPUs", flush=True)
     repos = [*args.repo, ROOT]
     with tempfile.TemporaryDirectory() as tmp:
-        files = [first_lines(args.data, int(n), tmp) for n in args.scale.split(",") if n]
+        files = [first_lines(args.data, n, tmp) for n in args.scale]
         print(f"{'code':<16} {'lines':>9} {'cold s':>7} {'cpu s':>6} {'workers cpu s':>13} "
               f"{'cached s':>8} {'peak MiB':>9} {'workers':>8} {'all MiB':>8} {'cached peak':>11} "
               f"{'tokens':>11}  ids sha256", flush=True)
@@ -143,4 +157,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--child"]:  # measure()'s process: REPO DATA MODEL
+        child(*sys.argv[2:5])
+    else:
+        main()

@@ -16,7 +16,6 @@ when they fail, a second child runs your function and each known mistake of it
 yours behaves like, with its `why`. Whatever your code does (loop, exit, raise), `check` ends
 with one line. docs/exercises.md is the guide.
 """
-import argparse
 import ast
 import collections
 import difflib
@@ -37,6 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "tools")]
+from common import OneLineErrors  # noqa: E402
 from mutants import MUTANTS  # noqa: E402
 import mutate  # noqa: E402
 
@@ -618,7 +618,7 @@ def selftest(tree, ex, say=print):
 
 def main():
     first = " ".join(__doc__.split("\n\n")[0].split())  # the first paragraph, whole
-    parser = argparse.ArgumentParser(allow_abbrev=False, description=first)
+    parser = OneLineErrors(description=first)  # a bad argument: one line
     parser.add_argument("command", choices=["list", "start", "check", "reset", "selftest", "match"],
                         help="match: check's own second step")
     parser.add_argument("names", nargs="*", help="exercises (selftest: default all)")

@@ -36,9 +36,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+import common  # noqa: E402
 METHODS = ["simcse", "esimcse", "simcsepp", "diffcse"]
 DEV = re.compile(r"^step (\d+) \|.*\| (?:start-up [\d.]+ s|(\d+) ms/step) \| eval ([\d.]+) s$")
 SAVED = re.compile(r"^step (\d+) \| checkpoint saved in .* \(([\d.]+) s\)$")
+SET_HERE = ("--data", "--model", "--device", "--max_steps", "--out_dir", "--compile",
+            "--senteval", "--generator")  # run()'s flags: --extra adds others
 DATA = re.compile(r"^data .*: (\d+) rows x \d+ column\(s\), (.*) in ([\d.]+)s$")
 
 
@@ -61,7 +65,7 @@ def run(method, args, compiled, out):
     """One run -> [(seconds since launch, log line)], the wall seconds, the GPU peak (MiB)."""
     cmd = [sys.executable, str(ROOT / f"{method}_min.py"), "--data", str(args.data), "--model",
            str(args.model), "--device", args.device, "--max_steps", str(args.max_steps),
-           "--out_dir", str(out), "--compile", str(compiled).lower(), *shlex.split(args.extra)]
+           "--out_dir", str(out), "--compile", str(compiled).lower(), *args.extra]
     if args.senteval:
         cmd += ["--senteval", str(args.senteval)]
     if method == "diffcse" and args.generator:
@@ -128,9 +132,22 @@ def table(name, measured, epoch, facts, peak):
           f"= {total / 60:.1f} min")
 
 
+def extra_flags(text):
+    """--extra's quoted flags -> a list; never one this script sets itself."""
+    try:
+        flags = shlex.split(text)
+    except ValueError as e:  # an unclosed quote
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}")
+    ours = [f for f in flags if f.split("=")[0] in SET_HERE]
+    if ours:
+        raise argparse.ArgumentTypeError(f"{ours[0]} is set by gpu_scale.py itself (out_dir: a "
+                                         f"temporary folder it reads); leave it out of --extra")
+    return flags
+
+
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.OneLineErrors(description=__doc__.split("\n\n")[0],
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, required=True)
     p.add_argument("--model", type=Path, required=True)
     p.add_argument("--generator", type=Path, help="DiffCSE's (make_corpus.py --generator_out)")
@@ -141,10 +158,17 @@ def main():
     p.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
     p.add_argument("--modes", nargs="+", default=["eager", "compile"],
                    choices=["eager", "compile"])
-    p.add_argument("--extra", default="", help="more flags for every run, quoted")
+    p.add_argument("--extra", type=extra_flags, default=[],
+                   help="more flags for every run, quoted")
     p.add_argument("--epoch_rows", type=int, help="rows of the epoch extrapolated to (default: "
                    "the --data's rows, as the log says them)")
-    args = p.parse_args()
+    common.main_guard(measure_all, p.parse_args())
+
+
+def measure_all(args):
+    """Each method in each mode: its run, then its table."""
+    common.check_file(args.data, "--data")
+    common.check_model(args.model, "--model")
     with tempfile.TemporaryDirectory() as tmp:
         for method in args.methods:
             for mode in args.modes:

@@ -16,15 +16,16 @@ scores (random weights cannot give those).
    written by common.write_safetensors, with BERT's init: normal(0, 0.02) weights, zero biases,
    unit LayerNorms [HF BertPreTrainedModel._init_weights].
 
-Deterministic with --seed: the same arguments give the same bytes.
+Deterministic with --seed: the same arguments give the same bytes. An existing file or model is
+replaced only with --overwrite, an input (--head, --vocab) never.
 
     python tests/tools/make_corpus.py --out /tmp/wiki1m_standin.txt \\
         --model_out /tmp/bert-base-random --vocab ../shared/models/all-MiniLM-L6-v2/vocab.txt
 """
 import argparse
 import hashlib
-import json
-import shutil
+import os
+import stat
 import sys
 from pathlib import Path
 
@@ -46,6 +47,7 @@ BERT_BASE_UNCASED_CONFIG = {
     "position_embedding_type": "absolute", "transformers_version": "4.6.0.dev0",
     "type_vocab_size": 2, "use_cache": True, "vocab_size": 30522}
 BLOCK = 10_000  # lines drawn at a time
+MODEL_FILES = ("config.json", "vocab.txt", "tokenizer_config.json", "model.safetensors")
 
 
 def heaps_law(words):
@@ -77,6 +79,9 @@ def corpus_lines(head, n, seed):
     lines = [w for w in lines if w]
     lengths = np.array([len(w) for w in lines])
     words = np.array([w for ws in lines for w in ws], dtype=object)  # by frequency: every token
+    if len(words) < 2000:  # heaps_law fits a line through a point every 1,000 words
+        raise common.UserError(f"--head holds {len(words)} words: 2,000 at least are needed to "
+                               f"fit Heaps' law (wiki1m_head.txt holds ~210,000)")
     K, beta = heaps_law(words)
     vocab_words = np.array(sorted(set(words)), dtype=object)
     seen = set(vocab_words)
@@ -109,9 +114,10 @@ def write_model(folder, vocab, seed, layers=12, mlm_head=False):
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     cfg = BERT_BASE_UNCASED_CONFIG | {"num_hidden_layers": layers}
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    shutil.copyfile(vocab, folder / "vocab.txt")
-    (folder / "tokenizer_config.json").write_text('{"do_lower_case": true}\n')
+    common.write_json(folder / "config.json", cfg)
+    with common.atomic_write(folder / "vocab.txt", "wb") as f:
+        f.write(Path(vocab).read_bytes())
+    common.write_json(folder / "tokenizer_config.json", {"do_lower_case": True}, indent=None)
     torch.manual_seed(seed)
     H, I, L, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg[
         "vocab_size"]
@@ -144,9 +150,34 @@ def write_model(folder, vocab, seed, layers=12, mlm_head=False):
     return sum(t.numel() for t in tensors.values())
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def check_outputs(written, inputs, overwrite):
+    """Before any work: each (flag, file) written is new, or replaced under --overwrite, in a
+    writable folder; never an input, never a file twice, never a folder, link, FIFO or device."""
+    reads = {os.path.realpath(p) for p in inputs}
+    seen = {}
+    for flag, path in written:
+        real = os.path.realpath(path)
+        if real in reads:
+            raise common.UserError(f"{flag} {path} is an input of this command: writing there "
+                                   f"would destroy it; pick another {flag}")
+        if real in seen:
+            raise common.UserError(f"{seen[real]} and {flag} both write {path}: pick another "
+                                   f"{flag}")
+        seen[real] = flag
+        if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):
+            raise common.UserError(f"{flag} {path} is not a regular file (a link, folder, FIFO or "
+                                   f"device): name a new one")
+        if os.path.exists(path) and not overwrite:
+            raise common.UserError(f"{flag}: {path} exists; pass --overwrite to replace it, or "
+                                   f"pick another {flag}")
+        folder = next(p for p in Path(path).absolute().parents if os.path.lexists(p))
+        if not (folder.is_dir() and os.access(folder, os.W_OK)):
+            raise common.UserError(f"{flag} {path}: {folder} is not a writable folder")
+
+
+def main(argv=None):
+    p = common.OneLineErrors(description=__doc__.split("\n\n")[0],
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, help="the corpus to write (one sentence a line)")
     p.add_argument("--lines", type=int, default=1_000_000)
     p.add_argument("--head", type=Path, default=ROOT.parent / "shared/data/wiki1m_head.txt")
@@ -157,14 +188,27 @@ def main():
     p.add_argument("--generator_out", type=Path,
                    help="also a random 6-layer BertForMaskedLM of bert-base's width (DiffCSE)")
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args()
+    p.add_argument("--overwrite", action="store_true", help="replace files that exist")
+    common.main_guard(make, p.parse_args(argv))
+
+
+def make(args):
+    """The corpus and model folders the flags ask for, each checked before any is written."""
+    if args.lines < 1:
+        raise common.UserError(f"--lines {args.lines}: must be at least 1")
+    written = [("--out", args.out)] if args.out else []
+    for flag, folder in (("--model_out", args.model_out), ("--generator_out", args.generator_out)):
+        written += [(flag, folder / name) for name in MODEL_FILES] if folder else []
     if args.out:
-        head = args.head.read_text(encoding="utf-8").splitlines()
-        tmp = args.out.with_name(args.out.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
+        common.check_file(args.head, "--head")
+    if args.model_out or args.generator_out:
+        common.check_file(args.vocab, "--vocab")
+    check_outputs(written, [args.head, args.vocab], args.overwrite)
+    if args.out:
+        head = common.read_text(args.head, "--head").splitlines()
+        with common.atomic_write(args.out) as f:  # a new file, whole, or none
             for line in corpus_lines(head, args.lines, args.seed):
                 f.write(line + "\n")
-        tmp.replace(args.out)
         print(f"{args.out}: {args.lines:,} distinct lines, {args.out.stat().st_size:,} bytes")
     if args.model_out:
         n = write_model(args.model_out, args.vocab, args.seed)

@@ -28,9 +28,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 # noqa: E402
-from common import (Bert, OneLineErrors, Tokenizer, UserError,  # noqa: E402
-                    main_guard, read_lines, save_pretrained)
+from common import (SAVED, Bert, OneLineErrors, Tokenizer, UserError,  # noqa: E402
+                    check_file, find_model, main_guard, read_lines, save_pretrained)
 from diffcse_min import mask_tokens  # noqa: E402
+from make_corpus import check_outputs  # noqa: E402
 
 
 def with_mlm_head(encoder):
@@ -91,6 +92,7 @@ def main(argv=None):
                                                                 "[SEP] included")
     train_.add_argument("--held_out", type=int, default=1000, help="the last sentences, kept for "
                                                                    "the accuracy")
+    train_.add_argument("--overwrite", action="store_true", help="replace a model in --out")
     args = parser.parse_args(argv)
     main_guard(make, args)
 
@@ -99,6 +101,10 @@ def make(args):
     for flag in ("steps", "batch_size", "max_len", "held_out"):
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag} {getattr(args, flag)}: must be at least 1")
+    check_file(args.data, "--data")
+    model_files = [find_model(args.model)[0] / name for name in SAVED]
+    check_outputs([("--out", Path(args.out) / name) for name in SAVED],
+                  [args.data, *model_files], args.overwrite)
     lines = read_lines(args.data)
     if len(lines) <= args.held_out:
         raise UserError(f"--data {args.data} has {len(lines)} sentences: more than --held_out "
