@@ -1,8 +1,9 @@
-"""common.py: everything the four methods share, and nothing method-specific.
+"""common.py: what the four methods share (heads, losses and flags live in each *_min.py).
 
 Part 1, the model and the loop (read this): BERT's tokenizers, a compact BERT that loads Hugging
-Face checkpoints, batches, the STS evaluation as SentEval's, the loop pieces. Part 2: operations
-(safe to skip). Part 3: `python common.py eval | ...`, figures. Not here: heads, losses, flags.
+Face checkpoints, batches, the STS evaluation as SentEval's, the loop pieces; a method's seams into
+the rest: Run, save_pretrained and main_guard (Part 2), parse_args (Part 3). Part 2: operations
+(safe to skip; DiffCSE's check_generator too). Part 3: `python common.py eval | ...`, figures.
 
     tok = Tokenizer.from_pretrained("bert-base-uncased")
     model = Bert.from_pretrained("bert-base-uncased")
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 
 
 # ==================================================================================================
-# Part 1: the model and the loop. Read this: it explains everything a *_min.py file calls.
+# Part 1: the model and the loop (read this). Seams: Run, parse_args, main_guard, save_pretrained
 # ==================================================================================================
 
 # --- WordPiece tokenizer (BERT's BasicTokenizer + WordpieceTokenizer, encode-only) ----------------
@@ -284,10 +285,10 @@ class Layer(nn.Module):
         self.attn_out_dropout = cfg.model_type != "distilbert"  # DistilBERT has none there [HF]
 
     def forward(self, x, mask, cls_only=False):  # x [B, L, H], mask [B, 1, 1, L] bool: a token
-        """-> [B, L, H]; cls_only: [B, 1, H], the [CLS] row alone (its query; keys, values all):
-        a step and the dev evaluation ~1.17x as fast [docs/speed.md]."""
+        """-> [B, L, H]; cls_only: [B, 1, H], the [CLS] row alone (its query; keys, values all)."""
         B, L, H = x.shape
-        rows = x[:, :1] if cls_only else x  # [B, Q, H], Q = 1 or L
+        # [B, Q, H]; Q = 1: a step and the dev evaluation ~1.17x as fast [docs/speed.md]
+        rows = x[:, :1] if cls_only else x
         q = self.query(rows).view(B, rows.size(1), self.heads, -1).transpose(1, 2)  # [B, h, Q, H/h]
         k, v = (p(x).view(B, L, self.heads, -1).transpose(1, 2) for p in (self.key, self.value))
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
@@ -542,10 +543,9 @@ def evaluate_dev(model, dev, pooler="cls_before_pooler", progress=None):
 
 
 def keep_best(best, step, dev, model):
-    """The best STS-B dev score so far, its step and the model's state then, in memory: the test
-    table and the saved model use it [official: load_best_model_at_end]. The first evaluation is
-    kept whatever it scores; then a higher score only, so a tie or a NaN (constant scores) keeps
-    the first best, and the best score kept is never -inf [issue 52]."""
+    """The best STS-B dev score so far, its step and the model's state, in memory, for the test
+    table and the saved model [official: load_best_model_at_end]. The first evaluation is kept
+    whatever it scores, then a higher score only: a tie or a NaN keeps the first [issue 52]."""
     first = best["state"] is None
     defined = math.isnan(best["dev"]) and not math.isnan(dev)  # a score beats an undefined one
     if first or defined or dev > best["dev"]:
@@ -602,8 +602,7 @@ def optimizer_step(loss, opt, sched, amp, max_grad_norm=1.0):
     opt.zero_grad(set_to_none=True)
 
 
-# Multi-GPU (torchrun): each process reads the same global batch, encodes its share (shard), and the
-# losses see the whole batch (all_gather), as one process would. One process: no-ops.
+# torchrun: each process encodes its share of the batch (shard), the losses see it all (all_gather)
 
 def shard(x, views=1):
     """[views*B, ...] view-major -> this rank's [views*b, ...]: rows r*b..(r+1)*b of each block."""
@@ -644,19 +643,17 @@ class AllGather(torch.autograd.Function):
 # Large batches on small GPUs: gradient caching [Gao et al. 2021, arXiv:2101.06983], --chunk_size.
 
 def gradient_cache(module, chunk_size, *inputs, **kwargs):
-    """module(*inputs, **kwargs), inputs [N, ...], chunk_size rows at a time: the whole batch's
-    exact step with the activation memory of one chunk. Gradient accumulation would change the
+    """module(*inputs, **kwargs), inputs [N, ...], chunk_size rows at a time (0: all at once):
+    the whole batch's exact step with the activation memory of one chunk. Gradient accumulation would change the
     method: each micro-batch would see only its own negatives. Here the loss sees them all:
       1. forward: each chunk encoded without a graph, its random state kept -> the vectors [N, ...]
       2. the loss, and autograd's gradient of it with respect to those vectors: the cache
       3. backward: each chunk encoded again with its graph, replaying step 1 (random state, so the
          same dropout masks; autocast; module modes), as torch.utils.checkpoint does, and its rows
          of the cached gradient back-propagated into the parameters and float inputs (DiffCSE's h).
-    The parameter gradients leave summed, as one result: DDP syncs them once per step.
-    chunk_size 0 (or no fewer rows): module(*inputs, **kwargs), at once."""
-    if isinstance(module, nn.parallel.DistributedDataParallel):
-        # torchrun: the chunks run inside DDP's forward (Run.ddp), which then syncs the gradients
-        return module(gradient_cache, chunk_size, *inputs, **kwargs)
+    The parameter gradients leave summed, as one result: DDP syncs them once per step."""
+    if isinstance(module, nn.parallel.DistributedDataParallel):  # torchrun: see Run.ddp
+        return module(gradient_cache, chunk_size, *inputs, **kwargs)  # inside DDP's forward
     if not 0 < chunk_size < len(inputs[0]):
         return module(*inputs, **kwargs)
     params = [p for p in module.parameters() if p.requires_grad]
@@ -704,11 +701,10 @@ class GradientCache(torch.autograd.Function):
         for m, training in modes:
             m.training = training
         # sums: the gradients of the inputs that want one, in order, then the parameters'
-        input_grads = [None] * len(inputs)
-        wanting = [i for i, want in enumerate(wants) if want]
-        for i, g in zip(wanting, sums):
-            input_grads[i] = g
-        return (None,) * 4 + tuple(input_grads) + tuple(sums[len(wanting):])
+        n = sum(wants)
+        given = iter(sums[:n])
+        input_grads = [next(given) if want else None for want in wants]
+        return (None,) * 4 + tuple(input_grads) + tuple(sums[n:])
 
 
 def random_states(device):  # what dropout draws from: the CPU's generator and the GPU's
@@ -746,17 +742,12 @@ def mlm_loss(model, ids, mask, tok, gen, V=1, chunk_size=0, ratio=0.15):
                                  gen)
     masked, ids, mask = (shard(t, V) for t in (masked, ids, mask))  # [V*b, L]: this process's
     states = gradient_cache(model, chunk_size, masked, mask)  # [V*b, L, H]
-    logits = bert_in(model).mlm_logits(states)  # [V*b, L, vocabulary]
+    # the MLM head, on every row at once; torchrun: model is DDP(InsideDDP(bert)) (Run.ddp)
+    bert = model.module.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    logits = bert.mlm_logits(states)  # [V*b, L, vocabulary]
     nll = F.cross_entropy(upcast(logits).transpose(1, 2), ids, reduction="none")  # [V*b, L]
     nll = all_gather(nll, V)  # [V*B, L]
     return (nll * chosen).sum() / chosen.sum().clamp(min=1)  # none chosen: 0 [official: NaN]
-
-
-def bert_in(model):
-    """The Bert itself; under torchrun, model is DDP of a module that holds it (Run.ddp)."""
-    if isinstance(model, nn.parallel.DistributedDataParallel):
-        return model.module.module
-    return model
 
 
 def add_mlm(loss, stats, model, view_ids, view_mask, V, tok, gen, cfg):
@@ -2550,13 +2541,6 @@ def seconds_left(run, step, per_step):
     return (run.total - step) * per_step + each * (evals + table)
 
 
-def dev_pairs(cfg, senteval):
-    """The pairs that pick the best step: --dev_file's or STS-B dev's (sentences A, B, gold)."""
-    if cfg.dev_file:
-        return read_sts_pairs(cfg.dev_file, "--dev_file")
-    return load_sts(senteval, "dev")["STSBenchmark"]["dev"]
-
-
 class Run:
     """A training run's operations, which train() calls by name: inputs checked, out_dir and its
     lock, log.txt, the data, the steps' log, checkpoints, Ctrl-C/SIGTERM, torchrun. The loop stays
@@ -2599,9 +2583,13 @@ class Run:
         self.amp = MixedPrecision(precision, self.device)
         self.log(f"precision {precision}: {why}")
         self.senteval = run_senteval(cfg)  # None: --dev_file and --test none read none
+        # the pairs that pick the best step (sentences A, B, gold); --dev_file's SHA-256: --resume
         self.dev_name = cfg.dev_file or "STS-B dev"
         self.dev_sha256 = cfg.dev_file and sha256_file(Path(cfg.dev_file).expanduser())
-        self.dev_pairs = dev_pairs(cfg, self.senteval)
+        if cfg.dev_file:
+            self.dev_pairs = read_sts_pairs(cfg.dev_file, "--dev_file")
+        else:
+            self.dev_pairs = load_sts(self.senteval, "dev")["STSBenchmark"]["dev"]
         self.dev_history, self.stats_history, self.align_uniform, self.eval_times = [], [], [], []
         self.started = self.last_print = self.clock = time.time()
 
@@ -2648,7 +2636,8 @@ class Run:
         """Open out_dir, catch Ctrl-C/SIGTERM -> (0, {}), or the --resume step and its stats."""
         self.total = total
         self.clock = time.time()  # the training steps' clock; log_dev adds each evaluation's time
-        step, stats = 0, {}
+        step = 0
+        stats = {}
         if self.resumed:
             step, stats, histories = restore_checkpoint(self, checkpointed)
             self.dev_history, self.stats_history, self.align_uniform = histories
