@@ -644,8 +644,8 @@ class AllGather(torch.autograd.Function):
 
 def gradient_cache(module, chunk_size, *inputs, **kwargs):
     """module(*inputs, **kwargs), inputs [N, ...], chunk_size rows at a time (0: all at once):
-    the whole batch's exact step with the activation memory of one chunk. Gradient accumulation would change the
-    method: each micro-batch would see only its own negatives. Here the loss sees them all:
+    the whole batch's exact step in one chunk's activation memory. Gradient accumulation would
+    change the method: each micro-batch would see only its own negatives. The loss sees them all:
       1. forward: each chunk encoded without a graph, its random state kept -> the vectors [N, ...]
       2. the loss, and autograd's gradient of it with respect to those vectors: the cache
       3. backward: each chunk encoded again with its graph, replaying step 1 (random state, so the

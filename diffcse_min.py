@@ -162,7 +162,7 @@ def train_step(model, head, ids, mask, cfg, disc, generator, tok, gen):
     cls = gradient_cache(model, cfg.chunk_size, *mine, cls_only=True)  # [V*b, H]
     h = head(all_gather(cls, V))  # [V*B, H]: BatchNorm over every process's rows
     corrupted, labels = corrupt(generator, shard(masked, V), *mine, tok)
-    # [V*b, L, 2], and h's gradient through the discriminator
+    # [V*b, L, 2] (mine[1]: this process's mask); h's gradient flows back through it
     logits = gradient_cache(disc, cfg.chunk_size, corrupted, mine[1], shard(h, V))
     logits, labels = (all_gather(x, V) for x in (logits, labels))
     # the loss math in fp32 at least [G-prec]

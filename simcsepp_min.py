@@ -145,7 +145,7 @@ def loss_fn(h, temp, m, lambda_dcl, temp_dcl):
 
 def train_step(model, head, ids, mask, cfg, tok=None, gen=None):
     """One forward pass over both views stacked, then a pass with every dropout off, with
-    gradient [official code]; the head maps all 3*B rows.
+    gradient [official code]; the head maps every row of the three.
     --do_mlm: one more pass, over the views 15% masked, adds the masked-LM loss
     [official]. ids, mask [B, C, L], on the CPU."""
     B = ids.size(0)

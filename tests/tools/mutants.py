@@ -956,7 +956,7 @@ MUTANTS = [
            "            queue.clear()\n            queue.clear()\n",
            "train() grows past 50 lines", ["test_method_file_style.py"]),
     Mutant("trailing-comments-creep", E,
-           "    index, new_mask = pad_ids(index, 0, width)\n",
-           "    index, new_mask = pad_ids(index, 0, width)  # [B, L'] each\n",
+           "    width = ids.size(2) + 9 if fixed else None\n",
+           "    width = ids.size(2) + 9 if fixed else None  # 9: randrange(10)\n",
            "a quarter of the lines end in a comment", ["test_method_file_style.py"]),
 ]
