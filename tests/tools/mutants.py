@@ -758,7 +758,7 @@ MUTANTS = [
            "a generator that rewrites what it sees is taken silently", ["test_hard_lines.py"]),
     Mutant("generator-never-judged", C,
            "        if step == self.first_step + 1:",
-           "    if False:",
+           "        if False:",
            "DiffCSE's first statistics never looked at", ["test_hard_lines.py"]),
     Mutant("make-generator-silent", "tests/tools/make_generator.py",
            "    if same < 0.9:",
