@@ -109,9 +109,9 @@ class Discriminator(nn.Module):
 
 
 def load_generator(run, tok):
-    """The frozen masked LM, never in the optimizer [paper §4.1], with tok's vocabulary."""
+    """The frozen masked LM, not optimized [§4.1], with tok's vocabulary [official issue #1]."""
     generator_tok, generator = run.load_model("--generator", mlm_head=True)
-    if generator_tok.vocab != tok.vocab:  # [official DiffCSE issue #1]
+    if generator_tok.vocab != tok.vocab:
         raise UserError(f"--generator {run.cfg.generator} has another vocabulary (RoBERTa: "
                         f"distilroberta-base)")
     return generator.requires_grad_(False).train()  # subtle: its dropout stays on [official]
@@ -122,7 +122,7 @@ def load_generator(run, tok):
 def info_nce(h1, h2, temp):
     """Cross-entropy of cos(h1_i, h2_j)/τ over j with target j = i: one direction, j = i
     in the denominator [SimCSE Eq. 1; official code]. h1, h2 [B, H] pair row by row."""
-    h1, h2 = F.normalize(h1, dim=-1), F.normalize(h2, dim=-1)
+    h1, h2 = F.normalize(h1, dim=-1), F.normalize(h2, dim=-1)  # [B, H] each
     logits = h1 @ h2.T / temp  # [B, B]
     return F.cross_entropy(logits, torch.arange(len(h1), device=h1.device))
 

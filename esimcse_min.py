@@ -120,7 +120,7 @@ def info_nce_with_queue(h1, h2, queue, temp):
     """Cross-entropy of cos(h1_i, h2_j)/τ over j with target j = i: one direction, j = i
     in the denominator [SimCSE Eq. 1; official code]. h1, h2 [B, H] pair row by row.
     The queue [M, H] (M may be 0) adds M more negative logits per row [paper Eq. 6]."""
-    h1, h2 = F.normalize(h1, dim=-1), F.normalize(h2, dim=-1)
+    h1, h2 = F.normalize(h1, dim=-1), F.normalize(h2, dim=-1)  # [B, H] each
     logits = h1 @ h2.T / temp  # [B, B]
     negatives = h1 @ F.normalize(queue, dim=-1).T / temp  # [B, M]: constants, no gradient
     logits = torch.cat([logits, negatives], dim=1)  # [B, B + M]
@@ -158,7 +158,7 @@ def train_step(model, head, ids, mask, cfg, momentum, queue, rng, tok=None, gen=
     if momentum is not None:
         sentences = [shard(x[:, 0]).to(device) for x in (ids, mask)]
         q = head(gradient_cache(momentum, cfg.chunk_size, *sentences, cls_only=True)).detach()
-        queue.extend(upcast(all_gather(q)).unbind())  # B rows, every process
+        queue.extend(upcast(all_gather(q)).unbind())
     return loss, stats
 
 

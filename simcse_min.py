@@ -89,7 +89,7 @@ def info_nce(h1, h2, temp, h3=None, hard_weight=0.0):
     """Cross-entropy of cos(h1_i, h2_j)/τ over j with target j = i: one direction, j = i
     in the denominator [SimCSE Eq. 1; official code]. h1, h2 [B, H] pair row by row.
     Supervised: h3 [B, H] are hard negatives, B more logits per row [SimCSE Eq. 5]."""
-    h1, h2 = F.normalize(h1, dim=-1), F.normalize(h2, dim=-1)
+    h1, h2 = F.normalize(h1, dim=-1), F.normalize(h2, dim=-1)  # [B, H] each
     logits = h1 @ h2.T / temp  # [B, B]
     if h3 is not None:
         hard = h1 @ F.normalize(h3, dim=-1).T / temp

@@ -106,7 +106,7 @@ class MLPHead(nn.Module):
 def info_nce(h1, h2, temp):
     """Cross-entropy of cos(h1_i, h2_j)/τ over j with target j = i: one direction, j = i
     in the denominator [SimCSE Eq. 1; official code]. h1, h2 [B, H] pair row by row."""
-    h1, h2 = F.normalize(h1, dim=-1), F.normalize(h2, dim=-1)
+    h1, h2 = F.normalize(h1, dim=-1), F.normalize(h2, dim=-1)  # [B, H] each
     logits = h1 @ h2.T / temp  # [B, B]
     return F.cross_entropy(logits, torch.arange(len(h1), device=h1.device))
 
