@@ -1,8 +1,9 @@
-"""common.py: everything the four methods share, and nothing method-specific.
+"""common.py: what the four methods share (heads, losses and flags live in each *_min.py).
 
 Part 1, the model and the loop (read this): BERT's tokenizers, a compact BERT that loads Hugging
-Face checkpoints, batches, the STS evaluation as SentEval's, the loop pieces. Part 2: operations
-(safe to skip). Part 3: `python common.py eval | ...`, figures. Not here: heads, losses, flags.
+Face checkpoints, batches, the STS evaluation as SentEval's, the loop pieces; a method's seams into
+the rest: Run, save_pretrained and main_guard (Part 2), parse_args (Part 3). Part 2: operations
+(safe to skip; DiffCSE's check_generator too). Part 3: `python common.py eval | ...`, figures.
 
     tok = Tokenizer.from_pretrained("bert-base-uncased")
     model = Bert.from_pretrained("bert-base-uncased")
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 
 
 # ==================================================================================================
-# Part 1: the model and the loop. Read this: it explains everything a *_min.py file calls.
+# Part 1: the model and the loop (read this). Seams: Run, parse_args, main_guard, save_pretrained
 # ==================================================================================================
 
 # --- WordPiece tokenizer (BERT's BasicTokenizer + WordpieceTokenizer, encode-only) ----------------
@@ -285,8 +286,9 @@ class Layer(nn.Module):
 
     def forward(self, x, mask, cls_only=False):  # x [B, L, H], mask [B, 1, 1, L] bool: a token
         """-> [B, L, H]; cls_only: [B, 1, H], the [CLS] row alone (its query; keys, values all)."""
-        B, L, H = x.shape  # cls_only: steps, the dev evaluation ~1.17x as fast [docs/speed.md]
-        rows = x[:, :1] if cls_only else x  # [B, Q, H], Q = 1 or L
+        B, L, H = x.shape
+        # [B, Q, H]; Q = 1: a step and the dev evaluation ~1.17x as fast [docs/speed.md]
+        rows = x[:, :1] if cls_only else x
         q = self.query(rows).view(B, rows.size(1), self.heads, -1).transpose(1, 2)  # [B, h, Q, H/h]
         k, v = (p(x).view(B, L, self.heads, -1).transpose(1, 2) for p in (self.key, self.value))
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
@@ -344,12 +346,9 @@ class Bert(nn.Module):
             return states[-1][:, 0]  # [B, H]
         return states[-1]
 
-    def forward(self, ids, mask, cls_only=False, chunk_size=0, mlm=False):  # ids, mask [B, L]
-        # -> [B, L, H]; cls_only: -> [B, H], the last layer's [CLS]; mlm: -> logits [B, L, V]
-        if 0 < chunk_size < len(ids):  # the same output, chunk_size rows at a time (gradient_cache)
-            return gradient_cache(self, chunk_size, ids, mask, cls_only=cls_only, mlm=mlm)
-        h = self.encode(self.embeddings(ids), mask, cls_only=cls_only)  # cls_only: [B, H]
-        return self.mlm_logits(h) if mlm else h  # mlm: the MLM head's logits [B, L, V] (--do_mlm)
+    def forward(self, ids, mask, cls_only=False):  # ids, mask [B, L]
+        """The last layer's states [B, L, H]; cls_only: -> [B, H], the last layer's [CLS]."""
+        return self.encode(self.embeddings(ids), mask, cls_only=cls_only)
 
     def mlm_logits(self, h):  # h [B, L, H] -> [B, L, V]
         return self.mlm(h, self.embeddings.word_embeddings.weight)
@@ -544,10 +543,9 @@ def evaluate_dev(model, dev, pooler="cls_before_pooler", progress=None):
 
 
 def keep_best(best, step, dev, model):
-    """The best STS-B dev score so far, its step and the model's state then, in memory: the test
-    table and the saved model use it [official: load_best_model_at_end]. The first evaluation is
-    kept whatever it scores; then a higher score only, so a tie or a NaN (constant scores) keeps
-    the first best, and the best score kept is never -inf [issue 52]."""
+    """The best STS-B dev score so far, its step and the model's state, in memory, for the test
+    table and the saved model [official: load_best_model_at_end]. The first evaluation is kept
+    whatever it scores, then a higher score only: a tie or a NaN keeps the first [issue 52]."""
     first = best["state"] is None
     defined = math.isnan(best["dev"]) and not math.isnan(dev)  # a score beats an undefined one
     if first or defined or dev > best["dev"]:
@@ -604,28 +602,7 @@ def optimizer_step(loss, opt, sched, amp, max_grad_norm=1.0):
     opt.zero_grad(set_to_none=True)
 
 
-class LossWatch:
-    """A non-finite loss stops the run (exit status 3), keeping the best model so far. The first
-    such step is noted on the device and read every 10 steps and before each evaluation or save:
-    a .item() per step would make the CPU wait for the GPU at every step [issue 30]."""
-
-    def __init__(self):
-        self.first, self.value = torch.tensor(0), torch.tensor(0.0)  # the first bad step; its loss
-
-    def note(self, loss, step):  # on the loss's device (a 0-dim CPU tensor joins it): no sync
-        bad = (self.first == 0) & ~torch.isfinite(loss.detach())  # [] bool
-        self.first = torch.where(bad, step, self.first)
-        self.value = torch.where(bad, loss.detach().float(), self.value)
-
-    def stopped(self, step, read):  # read: an evaluation or save comes next -> "" or why
-        if not (read or step % 10 == 0) or not int(self.first):
-            return ""
-        return (f"the loss became {self.value.item()} at step {int(self.first)}: stopping "
-                f"(lower --lr?)")
-
-
-# Multi-GPU (torchrun): each process reads the same global batch, encodes its share (shard), and the
-# losses see the whole batch (all_gather), as one process would. One process: no-ops.
+# torchrun: each process encodes its share of the batch (shard), the losses see it all (all_gather)
 
 def shard(x, views=1):
     """[views*B, ...] view-major -> this rank's [views*b, ...]: rows r*b..(r+1)*b of each block."""
@@ -666,15 +643,19 @@ class AllGather(torch.autograd.Function):
 # Large batches on small GPUs: gradient caching [Gao et al. 2021, arXiv:2101.06983], --chunk_size.
 
 def gradient_cache(module, chunk_size, *inputs, **kwargs):
-    """module(*inputs, **kwargs), inputs [N, ...], chunk_size rows at a time: the whole batch's
-    exact step with the activation memory of one chunk. Gradient accumulation would change the
-    method: each micro-batch would see only its own negatives. Here the loss sees them all:
+    """module(*inputs, **kwargs), inputs [N, ...], chunk_size rows at a time (0: all at once):
+    the whole batch's exact step in one chunk's activation memory. Gradient accumulation would
+    change the method: each micro-batch would see only its own negatives. The loss sees them all:
       1. forward: each chunk encoded without a graph, its random state kept -> the vectors [N, ...]
       2. the loss, and autograd's gradient of it with respect to those vectors: the cache
       3. backward: each chunk encoded again with its graph, replaying step 1 (random state, so the
          same dropout masks; autocast; module modes), as torch.utils.checkpoint does, and its rows
          of the cached gradient back-propagated into the parameters and float inputs (DiffCSE's h).
     The parameter gradients leave summed, as one result: DDP syncs them once per step."""
+    if isinstance(module, nn.parallel.DistributedDataParallel):  # torchrun: see Run.ddp
+        return module(gradient_cache, chunk_size, *inputs, **kwargs)  # inside DDP's forward
+    if not 0 < chunk_size < len(inputs[0]):
+        return module(*inputs, **kwargs)
     params = [p for p in module.parameters() if p.requires_grad]
     return GradientCache.apply(module, chunk_size, kwargs, len(inputs), *inputs, *params)
 
@@ -719,8 +700,11 @@ class GradientCache(torch.autograd.Function):
         set_random_states(states, ctx.device)  # as they were: the next draws are new ones
         for m, training in modes:
             m.training = training
-        grads = iter(sums)  # wanted's order: the inputs that want one, then the parameters
-        return (None,) * 4 + tuple(next(grads) if want else None for want in wants) + tuple(grads)
+        # sums: the gradients of the inputs that want one, in order, then the parameters'
+        n = sum(wants)
+        given = iter(sums[:n])
+        input_grads = [next(given) if want else None for want in wants]
+        return (None,) * 4 + tuple(input_grads) + tuple(sums[n:])
 
 
 def random_states(device):  # what dropout draws from: the CPU's generator and the GPU's
@@ -749,24 +733,27 @@ def mask_tokens(ids, mask, ratio, mask_id, vocab_size, special_ids, gen):
     return torch.where(to_random, random_ids, torch.where(to_mask, mask_id, ids)), chosen
 
 
-def mlm_loss(model, ids, mask, tok, gen, views=1, chunk_size=0, ratio=0.15):
-    """The MLM head's loss on ids, mask [views*B, L], the whole batch, every view 15% masked as
+def mlm_loss(model, ids, mask, tok, gen, V=1, chunk_size=0, ratio=0.15):
+    """The MLM head's loss on ids, mask [V*B, L], the whole batch, every view 15% masked as
     BERT's: the mean cross-entropy at the chosen tokens [official collator, cl_forward]. Each
     process encodes its rows; the mean is the whole batch's (all_gather), as one process's."""
     ids, mask = ids.to(gen.device), mask.to(gen.device)  # drawn whole: the same masks under DDP
     masked, chosen = mask_tokens(ids, mask, ratio, tok.mask_id, len(tok.vocab), tok.special_ids,
                                  gen)
-    masked, ids, mask = (shard(t, views) for t in (masked, ids, mask))  # [v*b, L]: this process's
-    logits = model(masked, mask, chunk_size=chunk_size, mlm=True)  # [v*b, L, V]
-    nll = F.cross_entropy(upcast(logits).transpose(1, 2), ids, reduction="none")  # [v*b, L]
-    nll = all_gather(nll, views)  # [views*B, L]
+    masked, ids, mask = (shard(t, V) for t in (masked, ids, mask))  # [V*b, L]: this process's
+    states = gradient_cache(model, chunk_size, masked, mask)  # [V*b, L, H]
+    # the MLM head, on every row at once; torchrun: model is DDP(InsideDDP(bert)) (Run.ddp)
+    bert = model.module.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    logits = bert.mlm_logits(states)  # [V*b, L, vocabulary]
+    nll = F.cross_entropy(upcast(logits).transpose(1, 2), ids, reduction="none")  # [V*b, L]
+    nll = all_gather(nll, V)  # [V*B, L]
     return (nll * chosen).sum() / chosen.sum().clamp(min=1)  # none chosen: 0 [official: NaN]
 
 
-def add_mlm(loss, stats, model, views, B, tok, gen, cfg):
-    """--do_mlm: loss + λ·the MLM loss over every view of the batch (views: ids, mask [V*B, L])
-    [official cl_forward: mlm_weight]; the log shows both."""
-    mlm = mlm_loss(model, *views, tok, gen, len(views[0]) // B, cfg.chunk_size)
+def add_mlm(loss, stats, model, view_ids, view_mask, V, tok, gen, cfg):
+    """--do_mlm: loss + λ·the MLM loss over the V views of the batch, view_ids and view_mask
+    [V*B, L] [official cl_forward: mlm_weight]; the log shows both."""
+    mlm = mlm_loss(model, view_ids, view_mask, tok, gen, V, cfg.chunk_size)
     loss = loss + cfg.mlm_weight * mlm
     return loss, {**stats, "loss": loss.detach(), "mlm": mlm.detach()}
 
@@ -2244,23 +2231,6 @@ def tokenize_file(tok, path, max_len):
     return data, time.time() - start, False
 
 
-def load_data(run, tok, one_column=False):
-    """The training file, tokenized once ([CLS] and [SEP] in max_len) and cached on disk."""
-    with rank0_first("the training data, tokenized"):  # rank 0 writes the token cache
-        data, seconds, hit = tokenize_file(tok, resolve_data(run.cfg.data), run.cfg.max_len)
-    run.data_sha256 = data.sha256  # a --resume must find the same data
-    run.n_rows = len(data)
-    run.tokenizer_sha256 = tokenizer_sha256(tok)  # and the same tokenizer
-    if one_column and data.cols != 1:
-        raise UserError(f"{run.cfg.data} has {data.cols} columns: {run.method} is "
-                        f"unsupervised, one sentence a line (supervised: simcse_min.py)")
-    run.log(f"data {run.cfg.data}: {len(data)} rows x {data.cols} column(s), "
-            + ("read from the token cache" if hit else "tokenized") + f" in {seconds:.1f}s")
-    run.pooler = "cls" if data.cols > 1 else "cls_before_pooler"  # supervised: MLP [official]
-    run.log(f"evaluation: {run.dev_name} Spearman, alignment and uniformity, --pooler {run.pooler}")
-    return data
-
-
 # --- out_dir: a lock, exclusive creation, a log never written through a link ----------------------
 # Two runs never share an out_dir; nothing is written there before the inputs pass.
 
@@ -2314,11 +2284,11 @@ def out_dir_of(cfg, method):
 def open_out_dir(run):
     """Create out_dir (one this run found absent: exclusively, then lock it), clear what was left
     there (a killed write's temporary files; --overwrite: the old run's outputs), start log.txt
-    (never through a link) with the log so far. Before this a bad input leaves no file."""
-    lines = run.log_lines
-    run.log_lines = None  # from now on log() writes to log.txt
+    (never through a link) with the log so far -> (log.txt, the lock of a folder made here, else
+    None); rank > 0: (None, None). Before this a bad input leaves no file."""
+    lock = None
     if run.rank > 0:
-        return
+        return None, lock
     if not run.out_existed:
         run.out.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -2326,7 +2296,7 @@ def open_out_dir(run):
         except FileExistsError:
             raise UserError(f"--out_dir {run.out} appeared after this run checked it (another "
                             f"run starting?): pick another --out_dir") from None
-        run.lock = lock_folder(run.out)
+        lock = lock_folder(run.out)
     overwritten = [run.out / n for n in OUTPUTS if run.cfg.overwrite]  # checked: no link there
     for path in temporaries([run.out / n for n in OUTPUTS]) + overwritten:
         path.unlink(missing_ok=True)  # a link at a file's name is removed, never followed
@@ -2334,9 +2304,10 @@ def open_out_dir(run):
     if not run.resumed:
         log.unlink(missing_ok=True)  # a link is removed, never followed
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)  # a link:
-    run.log_file = open(os.open(log, flags, 0o666), "a", encoding="utf-8")  # ELOOP, one line
-    run.log_file.write("".join(m + "\n" for m in lines))
-    run.log_file.flush()
+    log_file = open(os.open(log, flags, 0o666), "a", encoding="utf-8")  # ELOOP, one line
+    log_file.write("".join(m + "\n" for m in run.log_lines))
+    log_file.flush()
+    return log_file, lock
 
 
 # --- Resumable runs: checkpoint.pt, Ctrl-C and SIGTERM --------------------------------------------
@@ -2454,8 +2425,8 @@ def set_rng_states(states, device, seed):
 
 
 def restore_checkpoint(run, checkpointed):
-    """Every object in `checkpointed` (the best state too), the histories and the RNGs back as they
-    were after the checkpoint's step -> (that step, its stats)."""
+    """Every object in `checkpointed` (the best state too) and the RNGs back as they were after the
+    checkpoint's step -> (that step, its stats, the histories up to it)."""
     ckpt = run.resumed
     path = run.out / "checkpoint.pt"
     started = {"data_sha256": f"the data file {run.cfg.data}",  # the files the run started on
@@ -2490,101 +2461,22 @@ def restore_checkpoint(run, checkpointed):
                                           for k, v in best["state"].items()} != shapes:
             raise ValueError("the best state does not fit the model")
         best["state"] = best["state"] and {k: v.to(run.device) for k, v in best["state"].items()}
-        run.dev_history, run.stats_history, run.align_uniform = ckpt["histories"]
+        dev_history, stats_history, align_uniform = ckpt["histories"]
         notes.append(set_rng_states(ckpt["rng"], run.device, seed))  # last: nothing after it draws
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as e:
         raise CheckpointError(f"{path} does not fit this run ({type(e).__name__}: "
                               f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
     if run.rank > 0:  # the checkpoint holds rank 0's RNG states: the others draw their own masks
         torch.manual_seed(run.cfg.seed + run.rank + 1000 * ckpt["step"])
-    run.first_step = ckpt["step"]
     run.log(f"resumed from {path} at step {ckpt['step']}/{run.total} (best {best['dev']:.2f} @ "
             f"{best['step']})")
     for note in filter(None, notes):
         run.log(f"note: {note}")
-    return ckpt["step"], ckpt.get("stats", {})  # the stats of that step: its evaluation logs them
-
-
-def save_checkpoint(run, step, checkpointed, stats):
-    """out_dir/checkpoint.pt (rank 0): all it takes to continue after `step` as if never stopped:
-    the objects in `checkpointed` (model, heads, optimizer, best state...), RNGs, histories."""
-    if run.rank > 0:  # the other ranks hold the same state
-        return
-    run.saving = True  # a second signal waits for the checkpoint to be whole
-    start = time.time()
-    try:
-        state = {"format": 6, "method": run.method, "step": step, "total": run.total,
-                 "rows": run.n_rows, "data_sha256": run.data_sha256, "rng": rng_states(),
-                 "tokenizer_sha256": run.tokenizer_sha256, "dev_sha256": run.dev_sha256,
-                 "device": run.device.type, "config": dataclasses.asdict(run.cfg),
-                 "stats": {k: float(v) for k, v in stats.items()},
-                 "objects": {k: state_of(v) for k, v in checkpointed.items() if v is not None},
-                 "histories": [run.dev_history, run.stats_history, run.align_uniform]}
-        with atomic_write(run.out / "checkpoint.pt", "wb") as f:
-            try:
-                torch.save(state, f)
-            except RuntimeError as e:  # torch's zip writer says a short write (disk full) so
-                if "unexpected pos" not in str(e) and "failed writing" not in str(e):
-                    raise
-                raise OSError(errno.ENOSPC, "a write fell short") from e
-    finally:
-        run.saving = False
-    run.log(f"step {step} | checkpoint saved in {run.out / 'checkpoint.pt'} "
-            f"({time.time() - start:.1f} s)")  # a phase of the run [issue 54]
-
-
-def catch_signals(run):
-    """Ctrl-C / SIGTERM set run.signal: the loop saves a checkpoint at the next step boundary and
-    exits 128 + signal (exit_on_signal); the final evaluation and save just go on. A second one
-    stops at once if a checkpoint is there and none is being written (else a third one does)."""
-    def handler(signum, frame):
-        run.signals += 1
-        CAUGHT.append(signum)
-        has_checkpoint = (run.out / "checkpoint.pt").exists() and not run.saving
-        if run.signals > 2 or run.signals == 2 and has_checkpoint:
-            run.release()  # a further one acts as if no run were here
-            print(f"\n{signal.Signals(signum).name} again: stopping now" + (
-                f"; the last checkpoint is kept: continue with --resume {run.out}"
-                if has_checkpoint else ""), file=sys.stderr, flush=True)
-            raise KeyboardInterrupt
-        run.signal = run.signal or signum
-        later = "" if run.signals == 1 else "; no checkpoint yet: one first (again to stop now)"
-        what = "stopping after this step with a checkpoint" + (later or " (again to stop now)")
-        testing = getattr(run.evaluating, "what", "") == "STS test"
-        if testing:  # the loop is over: nothing to stop
-            left = seconds_left(run, run.total, 0) - (time.time() - run.evaluating.start)
-            what = f"finishing the test table, about {max(left, 1):.0f} s; again to stop now, " \
-                "--resume then redoes it"
-        line = f"{signal.Signals(signum).name}: {what}"
-        print("\n" + line, file=sys.stderr, flush=True)
-        if testing and run.log_file:  # in the steps, exit_on_signal logs it [issue 55]
-            run.log_file.write(line + "\n")
-            run.log_file.flush()
-    run.signals = 0
-    run.saving, run.evaluating = False, None
-    with contextlib.suppress(ValueError):  # handlers can only be set in the main thread
-        run.old_handlers = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    histories = dev_history, stats_history, align_uniform
+    return ckpt["step"], ckpt.get("stats", {}), histories  # the stats: its evaluation logs them
 
 
 CAUGHT = []  # the signals catch_signals caught during main_guard's command: it reads them
-
-
-def signal_received(run, step):
-    """The Ctrl-C/SIGTERM caught so far (0: none) by any rank: under torchrun all stop
-    together, agreeing every 10 steps (each agreement makes the CPU wait for the GPU)."""
-    if run.world_size > 1 and step % 10 == 0:
-        flag = torch.tensor([run.signal], device=run.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        run.signal = int(flag)
-    return run.signal
-
-
-def exit_on_signal(run, step):
-    """Say how to continue, then exit 128 + signal (the checkpoint of `step` is saved)."""
-    run.log(f"{signal.Signals(run.signal).name} at step {step}: " + (f"checkpoint saved; continue "
-            f"with --resume {run.out}" if step else "stopped before training"))
-    run.release()
-    sys.exit(128 + run.signal)
 
 
 # --- The run: the operations a train() calls, its log lines ---------------------------------------
@@ -2620,6 +2512,26 @@ class Progress:
             print(line, file=sys.stderr, flush=True)
 
 
+class LossWatch:
+    """A non-finite loss stops the run (exit status 3), keeping the best model so far. The first
+    such step is noted on the device and read every 10 steps and before each evaluation or save:
+    a .item() per step would make the CPU wait for the GPU at every step [issue 30]."""
+
+    def __init__(self):
+        self.first, self.value = torch.tensor(0), torch.tensor(0.0)  # the first bad step; its loss
+
+    def note(self, loss, step):  # on the loss's device (a 0-dim CPU tensor joins it): no sync
+        bad = (self.first == 0) & ~torch.isfinite(loss.detach())  # [] bool
+        self.first = torch.where(bad, step, self.first)
+        self.value = torch.where(bad, loss.detach().float(), self.value)
+
+    def stopped(self, step, read):  # read: an evaluation or save comes next -> "" or why
+        if not (read or step % 10 == 0) or not int(self.first):
+            return ""
+        return (f"the loss became {self.value.item()} at step {int(self.first)}: stopping "
+                f"(lower --lr?)")
+
+
 def skipped_steps(opt, sched):
     """The steps fp16 skipped because a gradient overflowed: the schedule counts every step,
     AdamW only those it took. Read when logged, never per step: no host sync [issue 30]."""
@@ -2632,24 +2544,6 @@ def format_stats(run, stats):  # "loss 0.1234 | rtd 0.5678"; no training yet: "l
     text = " | ".join(f"{k} {float(v):.4f}" for k, v in stats.items()) or "loss -"
     fp16 = run.amp.scaler.is_enabled()
     return text + (f" | skipped {skipped_steps(run.opt, run.sched)}" if fp16 else "")
-
-
-def start_evaluation(run, what):
-    """run.progress(what): an evaluation's progress line; timed, apart from the training steps."""
-    run.evaluating = Progress(what)
-    return run.evaluating
-
-
-def log_progress(run, step, stats):
-    """A progress line about every 10 seconds between evaluations: the training steps' pace, and
-    the time to the end, the evaluations left counted at their measured time [issue 42]."""
-    if step == run.first_step + 1:
-        check_generator(run, stats)
-    if time.time() - run.last_print > 10:
-        per_step = (time.time() - run.clock) / (step - run.first_step)
-        run.last_print = time.time()
-        run.log(f"step {step}/{run.total} | {format_stats(run, stats)} | {1 / per_step:.2f} "
-                f"steps/s | eta {seconds_left(run, step, per_step) / 60:.1f} min")
 
 
 def check_generator(run, stats):
@@ -2674,56 +2568,26 @@ def seconds_left(run, step, per_step):
     return (run.total - step) * per_step + each * (evals + table)
 
 
-def log_dev(run, step, dev, stats, best):
-    """The dev evaluation's line in the log, and its place in results.json's histories."""
-    run.dev_history.append([step, round(dev["stsb_dev"], 4)])
-    run.align_uniform.append([step, round(dev["align"], 6), round(dev["uniform"], 6)])
-    run.stats_history.append([step, {k: float(v) for k, v in stats.items()}])
-    steps = step - run.first_step  # the steps' seconds: their clock stops while evaluating
-    pace = f"{1000 * (run.evaluating.start - run.clock) / steps:.0f} ms/step" if steps else \
-        f"start-up {run.clock - run.started:.1f} s"  # loading the model and the data
-    run.eval_times.append(time.time() - run.evaluating.start)  # this evaluation's seconds
-    run.clock += run.eval_times[-1]
-    run.last_print = time.time()  # this line shows progress: the next one in 10 s, at a known pace
-    label = "dev" if run.cfg.dev_file else "stsb_dev"  # the dev score's name in the log
-    run.log(f"step {step} | {format_stats(run, stats)} | {label} {dev['stsb_dev']:.2f} "
-            f"| align {dev['align']:.4f} uniform {dev['uniform']:.4f} | best "
-            f"{best['dev']:.2f} @ {best['step']} | {pace} | eval {run.eval_times[-1]:.1f} s")
-    tie = dev["stsb_dev"] == best["dev"] or math.isnan(dev["stsb_dev"])  # constant scores: NaN
-    if tie and best["step"] != step:  # [issue 52]
-        run.log(f"step {step} | a tie or no score: the first best, step {best['step']}, is kept")
-
-
-def read_dev_pairs(run):
-    """The pairs that pick the best step: --dev_file's (its SHA-256 for --resume) or STS-B dev."""
-    run.dev_name = run.cfg.dev_file or "STS-B dev"
-    run.dev_sha256 = run.cfg.dev_file and sha256_file(Path(run.cfg.dev_file).expanduser())
-    run.dev_pairs = read_sts_pairs(run.cfg.dev_file, "--dev_file") if run.cfg.dev_file else \
-        load_sts(run.senteval, "dev")["STSBenchmark"]["dev"]
-    if not (run.dev_pairs[2] > POSITIVE_GOLD).any():  # another scale than STS's 0-5
-        run.log(f"note: no pair of {run.dev_name} scores above {POSITIVE_GOLD:g}, what alignment "
-                f"takes for a positive on STS's 0-5 scale: its align is nan")
-
-
 class Run:
     """A training run's operations, which train() calls by name: inputs checked, out_dir and its
-    lock, log.txt, the data, checkpoints, Ctrl-C/SIGTERM, torchrun. The loop stays in train().
-    Most are defined with their guarantee above: run.log_dev(...) is log_dev(run, ...)."""
-
-    progress = start_evaluation  # run.progress("STS test"): a timed evaluation's progress line
-    log_progress = log_progress
-    log_dev = log_dev
-    save_checkpoint = save_checkpoint
-    signal_received = signal_received
-    exit_on_signal = exit_on_signal
-    load_model = load_model
-    load_data = load_data
+    lock, log.txt, the data, the steps' log, checkpoints, Ctrl-C/SIGTERM, torchrun. The loop stays
+    in train(). Run owns its state: each attribute is set in __init__ first, then by its methods
+    alone (tests/test_run_state.py)."""
 
     def __init__(self, cfg, script, models=("model",)):
         self.cfg = cfg
         self.method = method = Path(script).stem.removesuffix("_min")  # simcse, ..., diffcse
-        check_names(cfg, ["out_dir", "resume", "data", "dev_file", "senteval", *models])
+        self.lock = self.log_file = None  # out_dir's, once locked; log.txt, once start() opens it
         self.log_lines = []  # the log waits for start()
+        self.old_handlers = {}  # catch_signals: the handlers it replaced
+        self.data_sha256 = self.tokenizer_sha256 = self.n_rows = None  # load_data: for --resume
+        self.pooler = "cls_before_pooler"  # the test vector; load_data: supervised, "cls"
+        self.total = self.opt = self.sched = None  # start(): the steps; skipped_steps reads these
+        self.signal = self.signals = 0  # the signal caught (its number); how many so far
+        self.saving, self.evaluating = False, None  # a checkpoint being written; an evaluation's
+        self.watch = LossWatch()  # a non-finite loss, noted on the device
+        self.stopped = ""  # why the run stopped early: a non-finite loss
+        check_names(cfg, ["out_dir", "resume", "data", "dev_file", "senteval", *models])
         self.out = out_dir_of(cfg, method)
         self.out_existed = self.out.is_dir()
         self.lock = lock_folder(self.out)  # before any check
@@ -2734,7 +2598,7 @@ class Run:
         check_inputs(cfg, models, self.world_size)  # the first bad flag or input: one line
         check_compile(cfg.compile, self.device)
         torch.manual_seed(cfg.seed + self.rank)  # dropout; data order and views have their own RNGs
-        self.signal = self.first_step = 0  # the signal caught; this process's first step
+        self.first_step = 0  # this process's first step (--resume: the checkpoint's)
         procs = f" x {self.world_size} processes" if self.world_size > 1 else ""
         self.log(f"{method} | {script} sha256 {sha256_file(script)[:16]} | torch "
                  f"{torch.__version__} | {self.device}{procs}")
@@ -2743,9 +2607,18 @@ class Run:
         self.amp = MixedPrecision(precision, self.device)
         self.log(f"precision {precision}: {why}")
         self.senteval = run_senteval(cfg)  # None: --dev_file and --test none read none
-        read_dev_pairs(self)
+        # the pairs that pick the best step (sentences A, B, gold); --dev_file's SHA-256: --resume
+        self.dev_name = cfg.dev_file or "STS-B dev"
+        self.dev_sha256 = cfg.dev_file and sha256_file(Path(cfg.dev_file).expanduser())
+        if cfg.dev_file:
+            self.dev_pairs = read_sts_pairs(cfg.dev_file, "--dev_file")
+        else:
+            self.dev_pairs = load_sts(self.senteval, "dev")["STSBenchmark"]["dev"]
+        if not (self.dev_pairs[2] > POSITIVE_GOLD).any():  # another scale than STS's 0-5
+            self.log(f"note: no pair of {self.dev_name} scores above {POSITIVE_GOLD:g}, what "
+                     f"alignment takes for a positive on STS's 0-5 scale: its align is nan")
         self.dev_history, self.stats_history, self.align_uniform, self.eval_times = [], [], [], []
-        self.started = self.last_print = time.time()
+        self.started = self.last_print = self.clock = time.time()
 
     def log(self, msg):
         """Print, and append to out_dir/log.txt (held back until start() opens out_dir). Rank 0."""
@@ -2756,6 +2629,27 @@ class Run:
             else:
                 self.log_file.write(msg + "\n")
                 self.log_file.flush()
+
+    load_model = load_model  # Tokenizer and Bert of --model (or --generator), on the CPU
+
+    def load_data(self, tok, one_column=False):
+        """The training file, tokenized once ([CLS] and [SEP] in max_len) and cached on disk; the
+        SHA-256s a --resume compares; the test vector's pooler: supervised, the MLP's [official]."""
+        with rank0_first("the training data, tokenized"):  # rank 0 writes the token cache
+            data, seconds, hit = tokenize_file(tok, resolve_data(self.cfg.data), self.cfg.max_len)
+        if one_column and data.cols != 1:
+            raise UserError(f"{self.cfg.data} has {data.cols} columns: {self.method} is "
+                            f"unsupervised, one sentence a line (supervised: simcse_min.py)")
+        self.log(f"data {self.cfg.data}: {len(data)} rows x {data.cols} column(s), "
+                 + ("read from the token cache" if hit else "tokenized") + f" in {seconds:.1f}s")
+        self.data_sha256 = data.sha256
+        self.n_rows = len(data)
+        self.tokenizer_sha256 = tokenizer_sha256(tok)
+        if data.cols > 1:
+            self.pooler = "cls"
+        self.log(f"evaluation: {self.dev_name} Spearman, alignment and uniformity, --pooler "
+                 f"{self.pooler}")
+        return data
 
     def compile(self, model):
         """--compile: torch.compile the encoder in place (its batches are padded to max_len)."""
@@ -2769,22 +2663,164 @@ class Run:
         """Open out_dir, catch Ctrl-C/SIGTERM -> (0, {}), or the --resume step and its stats."""
         self.total = total
         self.clock = time.time()  # the training steps' clock; log_dev adds each evaluation's time
-        step, stats = restore_checkpoint(self, checkpointed) if self.resumed else (0, {})
+        step = 0
+        stats = {}
+        if self.resumed:
+            step, stats, histories = restore_checkpoint(self, checkpointed)
+            self.dev_history, self.stats_history, self.align_uniform = histories
+            self.first_step = step
         self.opt, self.sched = checkpointed["opt"], checkpointed["sched"]  # for skipped_steps
-        open_out_dir(self)
-        catch_signals(self)
+        self.log_file, made_lock = open_out_dir(self)  # log.txt, with the lines logged so far
+        self.log_lines = None  # from now on log() writes to log.txt
+        if made_lock is not None:
+            self.lock = made_lock
+        self.catch_signals()
         return step, stats
 
     def ddp(self, module):
-        """DistributedDataParallel under torchrun (gradients averaged); else the module itself."""
+        """DistributedDataParallel under torchrun (gradients averaged); else the module itself.
+        DDP holds InsideDDP(module): gradient_cache runs its chunks inside DDP's forward."""
         if self.world_size == 1:
             return module
         ids = [self.device.index] if self.device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(module, device_ids=ids)
+        return nn.parallel.DistributedDataParallel(InsideDDP(module), device_ids=ids)
 
-    def finish(self, test, best, stopped=""):
+    def progress(self, what):
+        """An evaluation's progress line; timed, apart from the training steps."""
+        self.evaluating = Progress(what)
+        return self.evaluating
+
+    def after_step(self, step, loss, stats, checkpointed):
+        """After optimizer step `step`: its progress line; a non-finite loss (read every 10
+        steps and before an evaluation or a checkpoint) -> True: stop, and finish() exits with
+        status 3; the checkpoint every save_every steps and at the end; a Ctrl-C or SIGTERM: a
+        checkpoint, then exit status 128 + signal. The final evaluation can be resumed."""
+        self.watch.note(loss, step)
+        self.log_progress(step, stats)
+        signal_number = self.signal_received(step)
+        due = step == self.total or self.cfg.save_every and step % self.cfg.save_every == 0
+        self.stopped = self.watch.stopped(step, read=due or step % self.cfg.eval_every == 0)
+        if self.stopped:
+            return True
+        if due or signal_number:
+            self.save_checkpoint(step, checkpointed, stats)
+        if signal_number:
+            self.exit_on_signal(step)
+        return False
+
+    def log_progress(self, step, stats):
+        """A progress line about every 10 seconds between evaluations: the training steps' pace,
+        and the time to the end, the evaluations left counted at their measured time [issue 42]."""
+        if step == self.first_step + 1:
+            check_generator(self, stats)
+        if time.time() - self.last_print > 10:
+            per_step = (time.time() - self.clock) / (step - self.first_step)
+            self.last_print = time.time()
+            self.log(f"step {step}/{self.total} | {format_stats(self, stats)} | {1 / per_step:.2f} "
+                     f"steps/s | eta {seconds_left(self, step, per_step) / 60:.1f} min")
+
+    def log_dev(self, step, dev, stats, best):
+        """The dev evaluation's line in the log, and its place in results.json's histories."""
+        self.dev_history.append([step, round(dev["stsb_dev"], 4)])
+        self.align_uniform.append([step, round(dev["align"], 6), round(dev["uniform"], 6)])
+        self.stats_history.append([step, {k: float(v) for k, v in stats.items()}])
+        steps = step - self.first_step  # the steps' seconds: their clock stops while evaluating
+        pace = f"{1000 * (self.evaluating.start - self.clock) / steps:.0f} ms/step" if steps else \
+            f"start-up {self.clock - self.started:.1f} s"  # loading the model and the data
+        self.eval_times.append(time.time() - self.evaluating.start)  # this evaluation's seconds
+        self.clock += self.eval_times[-1]
+        # this line shows progress: the next one in 10 s, at a known pace
+        self.last_print = time.time()
+        label = "dev" if self.cfg.dev_file else "stsb_dev"  # the dev score's name in the log
+        self.log(f"step {step} | {format_stats(self, stats)} | {label} {dev['stsb_dev']:.2f} "
+                 f"| align {dev['align']:.4f} uniform {dev['uniform']:.4f} | best "
+                 f"{best['dev']:.2f} @ {best['step']} | {pace} | eval {self.eval_times[-1]:.1f} s")
+        tie = dev["stsb_dev"] == best["dev"] or math.isnan(dev["stsb_dev"])  # constant: NaN
+        if tie and best["step"] != step:  # [issue 52]
+            self.log(f"step {step} | a tie or no score: the first best, step {best['step']}, is "
+                     f"kept")
+
+    def save_checkpoint(self, step, checkpointed, stats):
+        """out_dir/checkpoint.pt (rank 0): all it takes to continue after `step` as if never
+        stopped: the objects in `checkpointed` (model, heads, optimizer, best state...), RNGs,
+        histories."""
+        if self.rank > 0:  # the other ranks hold the same state
+            return
+        self.saving = True  # a second signal waits for the checkpoint to be whole
+        start = time.time()
+        try:
+            state = {"format": 6, "method": self.method, "step": step, "total": self.total,
+                     "rows": self.n_rows, "data_sha256": self.data_sha256, "rng": rng_states(),
+                     "tokenizer_sha256": self.tokenizer_sha256, "dev_sha256": self.dev_sha256,
+                     "device": self.device.type, "config": dataclasses.asdict(self.cfg),
+                     "stats": {k: float(v) for k, v in stats.items()},
+                     "objects": {k: state_of(v) for k, v in checkpointed.items() if v is not None},
+                     "histories": [self.dev_history, self.stats_history, self.align_uniform]}
+            with atomic_write(self.out / "checkpoint.pt", "wb") as f:
+                try:
+                    torch.save(state, f)
+                except RuntimeError as e:  # torch's zip writer says a short write (disk full) so
+                    if "unexpected pos" not in str(e) and "failed writing" not in str(e):
+                        raise
+                    raise OSError(errno.ENOSPC, "a write fell short") from e
+        finally:
+            self.saving = False
+        self.log(f"step {step} | checkpoint saved in {self.out / 'checkpoint.pt'} "
+                 f"({time.time() - start:.1f} s)")  # a phase of the run [issue 54]
+
+    def catch_signals(self):
+        """Ctrl-C / SIGTERM set self.signal: after_step saves a checkpoint at the step's end and
+        exits 128 + signal (exit_on_signal); the final evaluation and save just go on. A second one
+        stops at once if a checkpoint is there and none is being written (else a third one does)."""
+        def handler(signum, frame):
+            self.signals += 1
+            CAUGHT.append(signum)
+            has_checkpoint = (self.out / "checkpoint.pt").exists() and not self.saving
+            if self.signals > 2 or self.signals == 2 and has_checkpoint:
+                self.release()  # a further one acts as if no run were here
+                print(f"\n{signal.Signals(signum).name} again: stopping now" + (
+                    f"; the last checkpoint is kept: continue with --resume {self.out}"
+                    if has_checkpoint else ""), file=sys.stderr, flush=True)
+                raise KeyboardInterrupt
+            self.signal = self.signal or signum
+            later = ""
+            if self.signals > 1:
+                later = "; no checkpoint yet: one first (again to stop now)"
+            what = "stopping after this step with a checkpoint" + (later or " (again to stop now)")
+            testing = getattr(self.evaluating, "what", "") == "STS test"
+            if testing:  # the loop is over: nothing to stop
+                left = seconds_left(self, self.total, 0) - (time.time() - self.evaluating.start)
+                what = f"finishing the test table, about {max(left, 1):.0f} s; again to stop " \
+                    "now, --resume then redoes it"
+            line = f"{signal.Signals(signum).name}: {what}"
+            print("\n" + line, file=sys.stderr, flush=True)
+            if testing and self.log_file:  # in the steps, exit_on_signal logs it [issue 55]
+                self.log_file.write(line + "\n")
+                self.log_file.flush()
+        with contextlib.suppress(ValueError):  # handlers can only be set in the main thread
+            self.old_handlers = {s: signal.signal(s, handler) for s in (signal.SIGINT,
+                                                                         signal.SIGTERM)}
+
+    def signal_received(self, step):
+        """The Ctrl-C/SIGTERM caught so far (0: none) by any rank: under torchrun all stop
+        together, agreeing every 10 steps (each agreement makes the CPU wait for the GPU)."""
+        if self.world_size > 1 and step % 10 == 0:
+            flag = torch.tensor([self.signal], device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            self.signal = int(flag)
+        return self.signal
+
+    def exit_on_signal(self, step):
+        """Say how to continue, then exit 128 + signal (the checkpoint of `step` is saved)."""
+        self.log(f"{signal.Signals(self.signal).name} at step {step}: checkpoint saved; continue "
+                 f"with --resume {self.out}")
+        self.release()
+        sys.exit(128 + self.signal)
+
+    def finish(self, test, best):
         """The test table logged, results.json in out_dir beside the saved model, the run released
-        (rank 0); `stopped` (a non-finite loss): then TrainingStopped, exit status 3."""
+        (rank 0); a run stopped by a non-finite loss: then TrainingStopped, exit status 3."""
+        stopped = self.stopped
         if stopped:
             self.log(stopped)
         self.log(format_table(test) if test else "no test table (--test none)")
@@ -2809,11 +2845,11 @@ class Run:
     def release(self):
         """The end of a run on every rank: signal handlers as they were before catch_signals,
         out_dir unlocked -> {}. Also when collected: a run refused after its lock (in tests)."""
-        for s, h in getattr(self, "old_handlers", {}).items():
+        for s, h in self.old_handlers.items():
             signal.signal(s, h)
         self.old_handlers = {}
-        release_lock(getattr(self, "lock", None))
-        if getattr(self, "log_file", None):
+        release_lock(self.lock)
+        if self.log_file:
             self.log_file.close()
         self.lock = self.log_file = None
         return {}
@@ -2851,6 +2887,18 @@ def torchrun_env():
         raise UserError(f"incomplete torchrun environment: {', '.join(missing)} not set; start "
                         f"the run with torchrun, or unset WORLD_SIZE")
     return {} if alone else env
+
+
+class InsideDDP(nn.Module):
+    """The module Run.ddp wraps in DDP: DDP's forward calls fn(module, ...), so that
+    gradient_cache(ddp, ...) runs its chunks inside it, and DDP averages the gradients once."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, fn, *args, **kwargs):
+        return fn(self.module, *args, **kwargs)
 
 
 def init_distributed(device):

@@ -1,10 +1,10 @@
-"""ESimCSE: the positive is the sentence with a few sub-words repeated; a momentum-encoder queue
-adds negatives. Wu, Gao, Zang, Han, Wang and Hu, COLING 2022 (arXiv:2109.04380).
+"""ESimCSE: the positive is the sentence with a few sub-words repeated; a momentum-encoder
+queue adds negatives. Wu, Gao, Zang, Han, Wang and Hu, COLING 2022 (arXiv:2109.04380).
 
-Unlike simcse_min.py: the positive repeats sub-words; an EMA encoder queues more negatives; no NLI.
+Unlike simcse_min.py: the positive repeats sub-words; an EMA encoder queues negatives.
 
-    loss = -1/B sum_i log(e^{s_ii} / (sum_j e^{s_ij} + sum_m e^{t_im})),  s_ij = cos(h_i, h_j⁺)/τ
-    t_im = cos(h_i, q_m)/τ;  θ_m <- μ·θ_m + (1 - μ)·θ each step;  μ = 0.995, M = 160
+    loss = -1/B sum_i log(e^{s_ii} / (sum_j e^{s_ij} + sum_m e^{t_im})),  M = 160
+    s_ij = cos(h_i, h_j⁺)/τ, t_im = cos(h_i, q_m)/τ;  θ_m <- μ·θ_m + (1-μ)·θ, μ = 0.995
 
     python esimcse_min.py --data wiki1m.txt --device cuda
 
@@ -21,66 +21,67 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (DevSet, LossWatch, Run, all_gather, epoch_batches, evaluate_dev, evaluate_sts,
-                    keep_best, main_guard, make_optimizer, optimizer_step, parse_args,
-                    save_pretrained, shard, total_steps, upcast)
-from common import add_mlm  # --do_mlm
-from common import check_positions, pad_ids  # ESimCSE
+from common import (DevSet, Run, all_gather, epoch_batches, evaluate_dev, evaluate_sts,
+                    gradient_cache, keep_best, main_guard, make_optimizer, optimizer_step,
+                    parse_args, save_pretrained, shard, total_steps, upcast)
+from common import add_mlm
+from common import check_positions, pad_ids
 
 
 # ---- Config
 
 @dataclasses.dataclass
 class Config:
-    data: str = "wiki1m.txt"  # sentences, one a line (SimCSE: or an NLI CSV); this name downloads
-    model: str = "bert-base-uncased"  # a model folder, or a known name fetched once [every paper]
-    senteval: str = ""  # SentEval folder; empty: ./SentEval/data/downstream, else fetched once
-    dev_file: str = ""  # TSV: sentence 1, sentence 2, score; picks the best step (empty: STS-B dev)
+    data: str = "wiki1m.txt"  # one sentence a line (SimCSE: or an NLI CSV); fetched once
+    model: str = "bert-base-uncased"  # a model folder, or a known name fetched once
+    senteval: str = ""  # SentEval's folder; empty: ./SentEval/data/downstream or fetched
+    dev_file: str = ""  # TSV (sentence 1, sentence 2, score) that picks the best step
     device: str = "auto"  # cpu, cuda or mps; auto: cuda, else mps, else cpu
-    precision: str = "auto"  # auto: bf16 where the GPU has it, else fp16 + a loss scaler; CPU: fp32
-    seed: int = 42  # dropout masks, data order, views [official run_unsup_example.sh]
+    precision: str = "auto"  # bf16, or fp16 + a loss scaler on older GPUs; CPU: fp32
+    seed: int = 42  # dropout, data order, views [official run_unsup_example.sh]
     batch_size: int = 64  # sentences per step [every paper, BERT-base]
-    chunk_size: int = 0  # sentences at once (0: all): the whole batch's step, other dropout masks
-    max_len: int = 32  # training length in tokens, [CLS] and [SEP] included [official code]
+    chunk_size: int = 0  # rows encoded at once (0: all); the loss sees the whole batch
+    max_len: int = 32  # training length in tokens with [CLS] and [SEP] [official code]
     lr: float = 3e-5  # peak learning rate, linear decay to 0 [every paper but DiffCSE]
     epochs: int = 1  # passes over the data [every paper but DiffCSE]
     max_steps: int = 0  # stop after this many steps (0: all epochs)
     temp: float = 0.05  # τ, the softmax temperature [every paper]
     eval_every: int = 125  # STS-B dev every this many steps [official code]
-    test: str = "sts"  # the final table: sts, the 7 STS test sets [papers]; none: no table
+    test: str = "sts"  # the final table: sts, the 7 STS test sets [papers]; or none
     dropout: float = 0.1  # hidden and attention dropout [SimCSE Table 3]
     out_dir: str = ""  # best model, log.txt and results.json; empty: runs/<method>
-    save_every: int = 500  # steps between checkpoints (checkpoint.pt; also the last step, a signal)
+    save_every: int = 500  # steps between checkpoints; one also at the end and on a signal
     resume: str = ""  # continue the run saved in this out_dir, with its configuration
-    overwrite: bool = False  # replace the run an existing out_dir holds (else it is refused)
-    compile: bool = False  # torch.compile the encoder (CUDA graphs on CUDA; slow first steps)
-    do_mlm: bool = False  # add BERT's masked-LM loss, its MLM head from --model [official train.py]
+    overwrite: bool = False  # replace the run an existing out_dir holds (else refused)
+    compile: bool = False  # torch.compile the encoder (slow first steps)
+    do_mlm: bool = False  # add the masked-LM loss of --model's MLM head [official]
     mlm_weight: float = 0.1  # λ: loss + λ·MLM loss (--do_mlm) [official train.py]
-    dup_rate: float = 0.32  # most sub-words repeated, share of the length; 0: none [paper Table 9]
-    queue_size: int = 160  # M, queued negatives, 2.5·B; 0: no queue, no momentum [paper Table 10]
+    dup_rate: float = 0.32  # most sub-words repeated, share of the length [paper Table 9]
+    queue_size: int = 160  # M, queued negatives, 2.5·B; 0: no queue [paper Table 10]
     momentum: float = 0.995  # μ of the momentum encoder's EMA [paper §4.2]
-    checks = {"dup_rate": "[0, 1]", "queue_size": "[0, inf)", "momentum": "[0, 1]"}  # own ranges
+    checks = {"dup_rate": "[0, 1]", "queue_size": "[0, inf)", "momentum": "[0, 1]"}
 
 
 # ---- Views
 
 def repeat_subwords(ids, mask, dup_rate, rng, width=None):
-    """ids, mask [B, L] -> [B, L'], dup_len of positions 1..L-2 written twice [paper §3.1; official
-    train.py; Eq. 3 says randrange(max(2, ...))]. [impl] Drawn every step, not once per sentence."""
+    """ids, mask [B, L] -> [B, L'], dup_len of positions 1..L-2 written twice [paper §3.1;
+    official train.py; Eq. 3: randrange(max(2, ...))]. [impl] Drawn each step, not once."""
     index = []
     for n in mask.sum(1).tolist():
         k = int(dup_rate * n)
         dup = rng.sample(range(1, n - 1), min(rng.randrange(min(10, k)), n - 2)) if k > 0 else []
-        index.append(sorted([*range(n), *dup]))  # each chosen position twice: [0, 1, 1, 2, ...]
-    index, new_mask = pad_ids(index, 0, width)  # [B, L'] each, on the CPU like ids: no GPU read
-    return ids.gather(1, index) * new_mask, new_mask  # re-padded with 0, BERT's [PAD]
+        # each chosen position twice: [0, 1, 1, 2, ...]
+        index.append(sorted([*range(n), *dup]))
+    index, new_mask = pad_ids(index, 0, width)
+    return ids.gather(1, index) * new_mask, new_mask
 
 
 def make_views(ids, mask, dup_rate, rng, fixed=False):
-    """[B, 1, L] -> [2B, L'], view-major: the sentences, then their repeats, padded to one width
-    (fixed, for --compile: L + 9, the most repeats, so that every step has one shape)."""
-    width = ids.size(2) + 9 if fixed else None  # 9: randrange(10) below
-    repeated = repeat_subwords(ids[:, 0], mask[:, 0], dup_rate, rng, width)  # [B, L'] each
+    """[B, 1, L] -> the view ids and mask [2B, L']: the sentences, then their repeats, padded
+    to one width (fixed, for --compile: L + 9, the most repeats: every step one shape)."""
+    width = ids.size(2) + 9 if fixed else None
+    repeated = repeat_subwords(ids[:, 0], mask[:, 0], dup_rate, rng, width)
     pad = (0, repeated[0].size(1) - ids.size(2))
     return tuple(torch.cat([F.pad(x[:, 0], pad), r]) for x, r in zip((ids, mask), repeated))
 
@@ -88,8 +89,9 @@ def make_views(ids, mask, dup_rate, rng, fixed=False):
 # ---- Heads
 
 class MLPHead(nn.Module):
-    """Linear(H, H) + tanh on [CLS], new in BERT's pooler's place, saved as it. Test vector: the raw
-    [CLS] [SimCSE Table 6; mlp_only_train]; supervised, this MLP's [official run_sup_example.sh]."""
+    """Linear(H, H) + tanh on [CLS], new in BERT's pooler's place, saved as it. Test
+    vector: the raw [CLS] [SimCSE Table 6; mlp_only_train]; supervised, this MLP's
+    [official run_sup_example.sh]."""
 
     def __init__(self, hidden):
         super().__init__()
@@ -97,13 +99,13 @@ class MLPHead(nn.Module):
         nn.init.normal_(self.dense.weight, std=0.02)  # [official code: init_weights]
         nn.init.zeros_(self.dense.bias)
 
-    def forward(self, x):  # [N, H] -> [N, H]
+    def forward(self, x):
         return torch.tanh(self.dense(x))
 
 
 def momentum_encoder(model):
-    """The encoder that fills the queue [paper §3.2]; subtle: dropout off [paper §1]. [impl] Copy
-    of the pretrained encoder: the official one is copied before loading, so starts out random."""
+    """The encoder that fills the queue [paper §3.2]; subtle: dropout off [paper §1]. [impl] A
+    copy of the pretrained one: the official one, copied before loading, starts out random."""
     return copy.deepcopy(model).eval().requires_grad_(False)
 
 
@@ -115,8 +117,8 @@ def momentum_update(momentum, model, mu):
 # ---- Loss
 
 def info_nce_with_queue(h1, h2, queue, temp):
-    """Cross-entropy of cos(h1_i, h2_j)/τ over j with target j = i: one direction, j = i in the
-    denominator [SimCSE Eq. 1; official code]. h1, h2 [B, H] pair row by row.
+    """Cross-entropy of cos(h1_i, h2_j)/τ over j with target j = i: one direction, j = i
+    in the denominator [SimCSE Eq. 1; official code]. h1, h2 [B, H] pair row by row.
     The queue [M, H] (M may be 0) adds M more negative logits per row [paper Eq. 6]."""
     h1, h2 = F.normalize(h1, dim=-1), F.normalize(h2, dim=-1)  # [B, H] each
     logits = h1 @ h2.T / temp  # [B, B]
@@ -126,7 +128,7 @@ def info_nce_with_queue(h1, h2, queue, temp):
 
 
 def loss_fn(h, queue, temp):
-    """h [2, B, H], the head outputs of the sentences and their repeated copies; queue [M, H]."""
+    """h [2, B, H]: the sentences' and their repeats' head outputs; queue [M, H]."""
     loss = info_nce_with_queue(h[0], h[1], queue, temp)
     return loss, {"loss": loss.detach()}
 
@@ -135,81 +137,83 @@ def loss_fn(h, queue, temp):
 
 def train_step(model, head, ids, mask, cfg, momentum, queue, rng, tok=None, gen=None):
     """One pass over both views stacked; the momentum vectors then join the queue [official].
-    --do_mlm: one more pass, over the views 15% masked, adds the masked-LM loss [official]."""
-    B, device = ids.size(0), next(model.parameters()).device  # ids, mask [B, C, L] on the CPU
-    views = make_views(ids, mask, cfg.dup_rate, rng, cfg.compile)  # [2B, L'] each, whole batch
-    ids, mask = shard(ids).to(device), shard(mask).to(device)  # [b, C, L]: this process's rows
-    sharded = [shard(v, 2).to(device) for v in views]  # [V*b, L'] each: this process's
-    cls = model(*sharded, cls_only=True, chunk_size=cfg.chunk_size)  # [V*b, H]
-    h = all_gather(head(cls), views=len(cls) // len(ids)).view(-1, B, cls.size(-1))  # [V, B, H]
-    queued = torch.stack([*queue]) if queue else h.new_zeros(0, h.size(-1))  # [M, H]
-    with torch.autocast(h.device.type, enabled=False):  # the loss math in fp32 at least [G-prec]
+    --do_mlm: one more pass, over the views 15% masked, adds the masked-LM loss
+    [official]. ids, mask [B, C, L], on the CPU."""
+    B = ids.size(0)
+    device = next(model.parameters()).device
+    view_ids, view_mask = make_views(ids, mask, cfg.dup_rate, rng, cfg.compile)
+    V = len(view_ids) // B
+    # [V*b, L] each: this process's b rows of each view (torchrun; else b = B)
+    mine = [shard(x, V).to(device) for x in (view_ids, view_mask)]
+    cls = gradient_cache(model, cfg.chunk_size, *mine, cls_only=True)  # [V*b, H]
+    h = all_gather(head(cls), V).view(V, B, -1)  # [V, B, H]: every process's rows
+    queued = torch.stack([*queue]) if queue else h.new_zeros(0, h.size(-1))
+    # the loss math in fp32 at least [G-prec]
+    with torch.autocast(h.device.type, enabled=False):
         loss, stats = loss_fn(upcast(h), upcast(queued), cfg.temp)
-    if cfg.do_mlm:  # loss + λ·MLM loss, on every view [official cl_forward: mlm_weight]
-        loss, stats = add_mlm(loss, stats, model, views, B, tok, gen, cfg)
-    if momentum is not None:  # the sentences, through the online head, detached [official code]
-        q = head(momentum(ids[:, 0], mask[:, 0], True, cfg.chunk_size)).detach()  # [b, H]
-        queue.extend(upcast(all_gather(q)).unbind())  # B rows, every process
+    # loss + λ·MLM loss, on every view [official cl_forward: mlm_weight]
+    if cfg.do_mlm:
+        loss, stats = add_mlm(loss, stats, model, view_ids, view_mask, V, tok, gen, cfg)
+    # the sentences, through the online head, detached, join the queue [official code]
+    if momentum is not None:
+        sentences = [shard(x[:, 0]).to(device) for x in (ids, mask)]
+        q = head(gradient_cache(momentum, cfg.chunk_size, *sentences, cls_only=True)).detach()
+        queue.extend(upcast(all_gather(q)).unbind())
     return loss, stats
 
 
 # ---- Training loop
 
 def train(cfg):
-    run = Run(cfg, __file__)  # operations (common.py Part 2): checks, log, checkpoints, signals
-    tok, model = run.load_model(mlm_head=cfg.do_mlm)  # Tokenizer and Bert (the CPU)
+    run = Run(cfg, __file__)  # the run's operations: common.py Part 2
+    tok, model = run.load_model(mlm_head=cfg.do_mlm)
     check_positions(model, cfg.max_len, extra=9)  # ESimCSE: the repeated view's 9 more tokens
     data = run.load_data(tok, one_column=True)  # ESimCSE: unsupervised only
-    dev_set = DevSet(tok, run.dev_pairs, model.cfg.max_tokens)  # picks the best step [SimCSE]
+    dev_set = DevSet(tok, run.dev_pairs, model.cfg.max_tokens)
     model = model.to(run.device)
-    model.pooler = head = MLPHead(model.cfg.hidden_size).to(run.device)  # saved as BERT's pooler
+    # in BERT's pooler's place: trained, checkpointed and saved with the model
+    model.pooler = head = MLPHead(model.cfg.hidden_size).to(run.device)
     momentum = momentum_encoder(model) if cfg.queue_size > 0 else None  # ESimCSE: needs a queue
     total = total_steps(len(data), cfg)
-    params = [*model.parameters()]  # the head too: it is the model's pooler
+    params = [*model.parameters()]
     opt, sched = make_optimizer(params, cfg.lr, total, run.device)
-    gen = torch.Generator(run.device).manual_seed(cfg.seed) if cfg.do_mlm else None  # masking
-    best, stopped = dict(dev=-math.inf, step=0, state=None), ""  # the best dev score, step, state
+    gen = torch.Generator(run.device).manual_seed(cfg.seed) if cfg.do_mlm else None
+    best = dict(dev=-math.inf, step=0, state=None)
     rng, queue = random.Random(cfg.seed), collections.deque(maxlen=cfg.queue_size)  # ESimCSE
     # what each checkpoint holds (out_dir/checkpoint.pt), and --resume restores:
     checkpointed = dict(model=model, opt=opt, sched=sched, amp=run.amp, best=best, gen=gen)
     checkpointed.update(momentum=momentum, queue=queue, rng=rng)  # ESimCSE
     run.compile(model)
-    start, stats = run.start(checkpointed, total)  # 0, or the resumed step, as it was then
-    ddp_model = run.ddp(model).train()  # torchrun: gradients averaged (the head's too)
-    batches, watch = epoch_batches(data, tok, cfg, start, total), LossWatch()
-    for step in range(start, total + 1):  # step: optimizer steps done so far
-        stop = run.signal_received(step)  # Ctrl-C or SIGTERM, the same on every process
-        due = step == total or cfg.save_every and step % cfg.save_every == 0  # and the last step:
-        if stopped := watch.stopped(step, read=due or step % cfg.eval_every == 0):  # exit status 3
-            break  # a non-finite loss: stop, keeping the best model so far
-        if step > start and (stop or due):  # the final evaluation and save can be resumed
-            run.save_checkpoint(step, checkpointed, stats)
-        if stop:
-            run.exit_on_signal(step)  # exit status 128 + signal; `--resume out_dir` continues
-        if run.rank == 0 and (step % cfg.eval_every == 0 or step == total):  # step 0, every, last
-            dev = evaluate_dev(model, dev_set, run.pooler, run.progress("STS-B dev"))  # rank 0
-            keep_best(best, step, dev["stsb_dev"], model)  # in memory; the test table uses it
+    start, stats = run.start(checkpointed, total)  # 0, or the resumed step and its stats
+    ddp_model = run.ddp(model).train()  # torchrun: gradients averaged over the processes
+    batches = epoch_batches(data, tok, cfg, start, total)
+    for step in range(start, total + 1):
+        # STS-B dev at step 0, every eval_every steps and after the last step (rank 0)
+        if run.rank == 0 and (step % cfg.eval_every == 0 or step == total):
+            dev = evaluate_dev(model, dev_set, run.pooler, run.progress("STS-B dev"))
+            keep_best(best, step, dev["stsb_dev"], model)
             run.log_dev(step, dev, stats, best)
         if step == total:
             break
-        if step % (len(data) // cfg.batch_size) == 0:  # ESimCSE: empty each epoch [official code]
+        if step % (len(data) // cfg.batch_size) == 0:  # ESimCSE: empty each epoch [official]
             queue.clear()
-        with run.amp.autocast():  # bf16 or fp16 autocast, or none (fp32)
+        with run.amp.autocast():
             loss, stats = train_step(ddp_model, head, *next(batches), cfg, momentum, queue, rng,
                                      tok, gen)
-        watch.note(loss, step + 1)  # on the device, read above: no host sync per step
         optimizer_step(loss, opt, sched, run.amp)
         if momentum is not None:  # ESimCSE: θ_m <- μ·θ_m + (1 - μ)·θ, after the step
             momentum_update(momentum, model, cfg.momentum)
-        run.log_progress(step + 1, stats)
-    if run.rank > 0:  # torchrun: rank 0 alone tests and saves
+        # the log, the checkpoint, a Ctrl-C or SIGTERM (exit 128 + n); True: a non-finite loss
+        if run.after_step(step + 1, loss, stats, checkpointed):
+            break
+    if run.rank > 0:
         return run.release()
-    if best["state"] is not None:  # the end of the run: back to the best dev state [official]
-        model.load_state_dict(best["state"])
-    test = {} if cfg.test == "none" else evaluate_sts(  # the test vector, as at dev
+    model.load_state_dict(best["state"])  # the best dev state [official]
+    test = {} if cfg.test == "none" else evaluate_sts(
         model, tok, run.senteval, "test", run.pooler, progress=run.progress("STS test"))
     save_pretrained(model, run.out, tok, run.pooler)  # as the released models are [official]
-    return run.finish(test, best, stopped)  # the log, results.json; stopped: exit 3
+    # the test table and results.json; stopped by a non-finite loss: exit status 3
+    return run.finish(test, best)
 
 
 # ---- CLI

@@ -1,11 +1,11 @@
-"""SimCSE++: SimCSE whose negatives come from a dropout-off pass, plus a contrastive loss over the
-dimensions. Xu, Shao, Chen and Liu, EMNLP 2023 (arXiv:2305.13192).
+"""SimCSE++: SimCSE whose negatives come from a dropout-off pass, plus a contrastive loss
+over the dimensions. Xu, Shao, Chen and Liu, EMNLP 2023 (arXiv:2305.13192).
 
-Unlike simcse_min.py: a third pass with dropout off gives h0, and negatives cos(h0_i, h0_j) [§3];
-m scales the positive logit; DCL, InfoNCE over the H standardised dimensions, adds λ_DCL (§4.3).
+Unlike simcse_min.py: a third pass, dropout off, gives h0 and negatives cos(h0_i, h0_j) [§3];
+m scales the positive logit; DCL, InfoNCE over the H standardised dimensions, adds λ_DCL.
 
-    off = -1/B sum_i log(e^{m s_ii} / (e^{m s_ii} + sum_{j!=i} e^{t_ij})), s_ij = cos(h_i, h_j')/τ,
-    t_ij = cos(h0_i, h0_j)/τ;  dcl = -1/H sum_c log(e^{C_cc}/sum_d e^{C_cd}), C = h~.T h~'/B/τ_DCL
+    off = -1/B sum_i log(e^{m s_ii} / (e^{m s_ii} + sum_{j!=i} e^{t_ij})), t_ij = cos(h0_i, h0_j)/τ
+    dcl = -1/H sum_c log(e^{C_cc}/sum_d e^{C_cd}), C = h~.T h~'/B/τ_DCL, s_ij = cos(h_i, h_j')/τ
     loss = off + λ_DCL dcl,  τ = 0.05, m = 0.9, τ_DCL = 5, λ_DCL = 0.1
 
     python simcsepp_min.py --data wiki1m.txt --device cuda
@@ -21,59 +21,60 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import (DevSet, LossWatch, Run, all_gather, epoch_batches, evaluate_dev, evaluate_sts,
-                    keep_best, main_guard, make_optimizer, optimizer_step, parse_args,
-                    save_pretrained, shard, total_steps, upcast)
-from common import add_mlm  # --do_mlm
+from common import (DevSet, Run, all_gather, epoch_batches, evaluate_dev, evaluate_sts,
+                    gradient_cache, keep_best, main_guard, make_optimizer, optimizer_step,
+                    parse_args, save_pretrained, shard, total_steps, upcast)
+from common import add_mlm
 
 
 # ---- Config
 
 @dataclasses.dataclass
 class Config:
-    data: str = "wiki1m.txt"  # sentences, one a line (SimCSE: or an NLI CSV); this name downloads
-    model: str = "bert-base-uncased"  # a model folder, or a known name fetched once [every paper]
-    senteval: str = ""  # SentEval folder; empty: ./SentEval/data/downstream, else fetched once
-    dev_file: str = ""  # TSV: sentence 1, sentence 2, score; picks the best step (empty: STS-B dev)
+    data: str = "wiki1m.txt"  # one sentence a line (SimCSE: or an NLI CSV); fetched once
+    model: str = "bert-base-uncased"  # a model folder, or a known name fetched once
+    senteval: str = ""  # SentEval's folder; empty: ./SentEval/data/downstream or fetched
+    dev_file: str = ""  # TSV (sentence 1, sentence 2, score) that picks the best step
     device: str = "auto"  # cpu, cuda or mps; auto: cuda, else mps, else cpu
-    precision: str = "auto"  # auto: bf16 where the GPU has it, else fp16 + a loss scaler; CPU: fp32
-    seed: int = 42  # dropout masks, data order, views [official run_unsup_example.sh]
+    precision: str = "auto"  # bf16, or fp16 + a loss scaler on older GPUs; CPU: fp32
+    seed: int = 42  # dropout, data order, views [official run_unsup_example.sh]
     batch_size: int = 64  # sentences per step [every paper, BERT-base]
-    chunk_size: int = 0  # sentences at once (0: all): the whole batch's step, other dropout masks
-    max_len: int = 32  # training length in tokens, [CLS] and [SEP] included [official code]
+    chunk_size: int = 0  # rows encoded at once (0: all); the loss sees the whole batch
+    max_len: int = 32  # training length in tokens with [CLS] and [SEP] [official code]
     lr: float = 3e-5  # peak learning rate, linear decay to 0 [every paper but DiffCSE]
     epochs: int = 1  # passes over the data [every paper but DiffCSE]
     max_steps: int = 0  # stop after this many steps (0: all epochs)
     temp: float = 0.05  # τ, the softmax temperature [every paper]
     eval_every: int = 125  # STS-B dev every this many steps [official code]
-    test: str = "sts"  # the final table: sts, the 7 STS test sets [papers]; none: no table
+    test: str = "sts"  # the final table: sts, the 7 STS test sets [papers]; or none
     dropout: float = 0.1  # hidden and attention dropout [SimCSE Table 3]
     out_dir: str = ""  # best model, log.txt and results.json; empty: runs/<method>
-    save_every: int = 500  # steps between checkpoints (checkpoint.pt; also the last step, a signal)
+    save_every: int = 500  # steps between checkpoints; one also at the end and on a signal
     resume: str = ""  # continue the run saved in this out_dir, with its configuration
-    overwrite: bool = False  # replace the run an existing out_dir holds (else it is refused)
-    compile: bool = False  # torch.compile the encoder (CUDA graphs on CUDA; slow first steps)
-    do_mlm: bool = False  # add BERT's masked-LM loss, its MLM head from --model [official train.py]
+    overwrite: bool = False  # replace the run an existing out_dir holds (else refused)
+    compile: bool = False  # torch.compile the encoder (slow first steps)
+    do_mlm: bool = False  # add the masked-LM loss of --model's MLM head [official]
     mlm_weight: float = 0.1  # λ: loss + λ·MLM loss (--do_mlm) [official train.py]
     m: float = 0.9  # scales the positive logit [paper Table 5; official pos_ratio]
-    lambda_dcl: float = 0.1  # λ_DCL, the weight of DCL; 0: off [paper §5.1; official sw_weight]
-    temp_dcl: float = 5.0  # τ_DCL, the temperature of DCL [paper §5.1, Table 5; official sw_temp]
-    off_dropout: bool = True  # negatives from a dropout-off pass; off: SimCSE's, no m [paper §3]
-    checks = {"m": "(0, inf)", "lambda_dcl": "[0, inf)", "temp_dcl": "(0, inf)"}  # own ranges
+    lambda_dcl: float = 0.1  # λ_DCL, DCL's weight; 0: off [paper §5.1; official sw_weight]
+    temp_dcl: float = 5.0  # τ_DCL, DCL's temperature [paper §5.1, Table 5; official sw_temp]
+    off_dropout: bool = True  # negatives from a dropout-off pass; off: SimCSE's, no m [§3]
+    checks = {"m": "(0, inf)", "lambda_dcl": "[0, inf)", "temp_dcl": "(0, inf)"}
 
 
 # ---- Views
 
 def make_views(ids, mask):
-    """[B, 1, L] -> [2*B, L], view-major: the sentence twice [SimCSE §3]."""
-    ids, mask = ids.expand(-1, 2, -1), mask.expand(-1, 2, -1)  # [B, 2, L]
-    return ids.transpose(0, 1).flatten(0, 1), mask.transpose(0, 1).flatten(0, 1)  # [V*B, L]
+    """[B, 1, L] -> the view ids and mask [2*B, L], view-major: the sentence twice [SimCSE §3]."""
+    ids, mask = ids.expand(-1, 2, -1), mask.expand(-1, 2, -1)
+    return ids.transpose(0, 1).flatten(0, 1), mask.transpose(0, 1).flatten(0, 1)
 
 
 @contextlib.contextmanager
 def dropout_off(model):
-    """Every dropout of the encoder off (nn.Dropout and the attention dropout follow .training),
-    gradients still on; each module's mode restored afterwards [official: .eval() on dropouts]."""
+    """Every dropout of the encoder off (nn.Dropout and the attention dropout follow
+    .training), gradients still on; each module's mode restored afterwards [official: .eval()
+    on dropouts]."""
     modes = [(m, m.training) for m in model.modules()]
     model.eval()
     try:
@@ -86,8 +87,9 @@ def dropout_off(model):
 # ---- Heads
 
 class MLPHead(nn.Module):
-    """Linear(H, H) + tanh on [CLS], new in BERT's pooler's place, saved as it. Test vector: the raw
-    [CLS] [SimCSE Table 6; mlp_only_train]; supervised, this MLP's [official run_sup_example.sh]."""
+    """Linear(H, H) + tanh on [CLS], new in BERT's pooler's place, saved as it. Test
+    vector: the raw [CLS] [SimCSE Table 6; mlp_only_train]; supervised, this MLP's
+    [official run_sup_example.sh]."""
 
     def __init__(self, hidden):
         super().__init__()
@@ -95,25 +97,25 @@ class MLPHead(nn.Module):
         nn.init.normal_(self.dense.weight, std=0.02)  # [official code: init_weights]
         nn.init.zeros_(self.dense.bias)
 
-    def forward(self, x):  # [N, H] -> [N, H]
+    def forward(self, x):
         return torch.tanh(self.dense(x))
 
 
 # ---- Loss
 
 def info_nce(h1, h2, temp):
-    """Cross-entropy of cos(h1_i, h2_j)/τ over j with target j = i: one direction, j = i in the
-    denominator [SimCSE Eq. 1; official code]. h1, h2 [B, H] pair row by row."""
+    """Cross-entropy of cos(h1_i, h2_j)/τ over j with target j = i: one direction, j = i
+    in the denominator [SimCSE Eq. 1; official code]. h1, h2 [B, H] pair row by row."""
     h1, h2 = F.normalize(h1, dim=-1), F.normalize(h2, dim=-1)  # [B, H] each
     logits = h1 @ h2.T / temp  # [B, B]
     return F.cross_entropy(logits, torch.arange(len(h1), device=h1.device))
 
 
 def off_dropout_nce(h1, h2, h0, temp, m):
-    """InfoNCE whose negatives are cos(h0_i, h0_j)/τ, j ≠ i, both from the dropout-off pass, and
-    whose positive m·cos(h1_i, h2_i)/τ is in the denominator too [paper Eq. 3; official @899e49b].
-    Eq. 3 writes m on the negative sum (a constant shift, log m); the official code scales the
-    positive logit (a positive-only temperature τ/m), which the paper's Table 5 sweep supports."""
+    """InfoNCE whose negatives are cos(h0_i, h0_j)/τ, j ≠ i, both from the dropout-off pass,
+    and whose positive m·cos(h1_i, h2_i)/τ is in the denominator too [paper Eq. 3; official
+    @899e49b]. Eq. 3 writes m on the negative sum (a constant shift, log m); the official code
+    scales the positive logit (a positive-only temperature τ/m), which Table 5's sweep supports."""
     h1, h2, h0 = (F.normalize(h, dim=-1) for h in (h1, h2, h0))
     eye = torch.eye(len(h1), dtype=torch.bool, device=h1.device)
     positive = m * (h1 * h2).sum(-1) / temp  # [B]
@@ -122,9 +124,10 @@ def off_dropout_nce(h1, h2, h0, temp, m):
 
 
 def dcl_loss(h1, h2, temp_dcl):
-    """Dimension-wise contrastive loss: each dimension of h1 picks out the same one of h2 [paper
-    Eq. 5], as the official code computes it: BatchNorm without affine (biased variance, eps 1e-5),
-    C divided by B (correlations in [-1, 1]), a mean over the H rows. h1, h2 [B, H]."""
+    """Dimension-wise contrastive loss: each dimension of h1 picks out the same one of h2
+    [paper Eq. 5], as the official code computes it: BatchNorm without affine (biased
+    variance, eps 1e-5), C divided by B (correlations in [-1, 1]), a mean over the H rows.
+    h1, h2 [B, H]."""
     z1, z2 = ((h - h.mean(0)) / torch.sqrt(h.var(0, unbiased=False) + 1e-5) for h in (h1, h2))
     c = z1.T @ z2 / len(h1) / temp_dcl  # [H, H]
     return F.cross_entropy(c, torch.arange(c.size(0), device=c.device))
@@ -141,74 +144,75 @@ def loss_fn(h, temp, m, lambda_dcl, temp_dcl):
 # ---- Training step
 
 def train_step(model, head, ids, mask, cfg, tok=None, gen=None):
-    """One forward pass over both views stacked, then a pass with every dropout off, with gradient
-    [official code]; the head maps all 3*B rows.
-    --do_mlm: one more pass, over the views 15% masked, adds the masked-LM loss [official]."""
-    B, device = ids.size(0), next(model.parameters()).device  # ids, mask [B, C, L] on the CPU
-    views = make_views(ids, mask)  # [V*B, L] each, the whole batch: --do_mlm masks them
-    ids, mask = shard(ids).to(device), shard(mask).to(device)  # [b, C, L]: this process's rows
-    sharded = [shard(v, len(v) // B).to(device) for v in views]  # [V*b, L] each: this process's
-    cls = model(*sharded, cls_only=True, chunk_size=cfg.chunk_size)  # [V*b, H]
-    if cfg.off_dropout:
+    """One forward pass over both views stacked, then a pass with every dropout off, with
+    gradient [official code]; the head maps every row of the three.
+    --do_mlm: one more pass, over the views 15% masked, adds the masked-LM loss
+    [official]. ids, mask [B, C, L], on the CPU."""
+    B = ids.size(0)
+    device = next(model.parameters()).device
+    view_ids, view_mask = make_views(ids, mask)
+    V = len(view_ids) // B
+    # [V*b, L] each: this process's b rows of each view (torchrun; else b = B)
+    mine = [shard(x, V).to(device) for x in (view_ids, view_mask)]
+    cls = gradient_cache(model, cfg.chunk_size, *mine, cls_only=True)  # [V*b, H]
+    h = all_gather(head(cls), V).view(V, B, -1)  # [V, B, H]: every process's rows
+    if cfg.off_dropout:  # h0: the sentences once more, every dropout off, with gradient
+        sentences = [shard(x[:, 0]).to(device) for x in (ids, mask)]
         with dropout_off(model):
-            off = model(ids[:, 0], mask[:, 0], cls_only=True, chunk_size=cfg.chunk_size)  # [b, H]
-            cls = torch.cat([cls, off])  # [3*b, H]: the first view's rows, every dropout off
-    h = all_gather(head(cls), views=len(cls) // len(ids)).view(-1, B, cls.size(-1))  # [V, B, H]
-    with torch.autocast(h.device.type, enabled=False):  # the loss math in fp32 at least [G-prec]
+            off = gradient_cache(model, cfg.chunk_size, *sentences, cls_only=True)  # [b, H]
+        h = torch.cat([h, all_gather(head(off))[None]])  # [3, B, H]
+    # the loss math in fp32 at least [G-prec]
+    with torch.autocast(h.device.type, enabled=False):
         loss, stats = loss_fn(upcast(h), cfg.temp, cfg.m, cfg.lambda_dcl, cfg.temp_dcl)
-    if cfg.do_mlm:  # loss + λ·MLM loss, on every view [official cl_forward: mlm_weight]
-        loss, stats = add_mlm(loss, stats, model, views, B, tok, gen, cfg)
+    # loss + λ·MLM loss, on every view [official cl_forward: mlm_weight]
+    if cfg.do_mlm:
+        loss, stats = add_mlm(loss, stats, model, view_ids, view_mask, V, tok, gen, cfg)
     return loss, stats
 
 
 # ---- Training loop
 
 def train(cfg):
-    run = Run(cfg, __file__)  # operations (common.py Part 2): checks, log, checkpoints, signals
-    tok, model = run.load_model(mlm_head=cfg.do_mlm)  # Tokenizer and Bert (the CPU)
+    run = Run(cfg, __file__)  # the run's operations: common.py Part 2
+    tok, model = run.load_model(mlm_head=cfg.do_mlm)
     data = run.load_data(tok, one_column=True)  # SimCSE++: unsupervised only
-    dev_set = DevSet(tok, run.dev_pairs, model.cfg.max_tokens)  # picks the best step [SimCSE]
+    dev_set = DevSet(tok, run.dev_pairs, model.cfg.max_tokens)
     model = model.to(run.device)
-    model.pooler = head = MLPHead(model.cfg.hidden_size).to(run.device)  # saved as BERT's pooler
+    # in BERT's pooler's place: trained, checkpointed and saved with the model
+    model.pooler = head = MLPHead(model.cfg.hidden_size).to(run.device)
     total = total_steps(len(data), cfg)
-    params = [*model.parameters()]  # the head too: it is the model's pooler
+    params = [*model.parameters()]
     opt, sched = make_optimizer(params, cfg.lr, total, run.device)
-    gen = torch.Generator(run.device).manual_seed(cfg.seed) if cfg.do_mlm else None  # masking
-    best, stopped = dict(dev=-math.inf, step=0, state=None), ""  # the best dev score, step, state
+    gen = torch.Generator(run.device).manual_seed(cfg.seed) if cfg.do_mlm else None
+    best = dict(dev=-math.inf, step=0, state=None)
     # what each checkpoint holds (out_dir/checkpoint.pt), and --resume restores:
     checkpointed = dict(model=model, opt=opt, sched=sched, amp=run.amp, best=best, gen=gen)
     run.compile(model)
-    start, stats = run.start(checkpointed, total)  # 0, or the resumed step, as it was then
-    ddp_model = run.ddp(model).train()  # torchrun: gradients averaged (the head's too)
-    batches, watch = epoch_batches(data, tok, cfg, start, total), LossWatch()
-    for step in range(start, total + 1):  # step: optimizer steps done so far
-        stop = run.signal_received(step)  # Ctrl-C or SIGTERM, the same on every process
-        due = step == total or cfg.save_every and step % cfg.save_every == 0  # and the last step:
-        if stopped := watch.stopped(step, read=due or step % cfg.eval_every == 0):  # exit status 3
-            break  # a non-finite loss: stop, keeping the best model so far
-        if step > start and (stop or due):  # the final evaluation and save can be resumed
-            run.save_checkpoint(step, checkpointed, stats)
-        if stop:
-            run.exit_on_signal(step)  # exit status 128 + signal; `--resume out_dir` continues
-        if run.rank == 0 and (step % cfg.eval_every == 0 or step == total):  # step 0, every, last
-            dev = evaluate_dev(model, dev_set, run.pooler, run.progress("STS-B dev"))  # rank 0
-            keep_best(best, step, dev["stsb_dev"], model)  # in memory; the test table uses it
+    start, stats = run.start(checkpointed, total)  # 0, or the resumed step and its stats
+    ddp_model = run.ddp(model).train()  # torchrun: gradients averaged over the processes
+    batches = epoch_batches(data, tok, cfg, start, total)
+    for step in range(start, total + 1):
+        # STS-B dev at step 0, every eval_every steps and after the last step (rank 0)
+        if run.rank == 0 and (step % cfg.eval_every == 0 or step == total):
+            dev = evaluate_dev(model, dev_set, run.pooler, run.progress("STS-B dev"))
+            keep_best(best, step, dev["stsb_dev"], model)
             run.log_dev(step, dev, stats, best)
         if step == total:
             break
-        with run.amp.autocast():  # bf16 or fp16 autocast, or none (fp32)
+        with run.amp.autocast():
             loss, stats = train_step(ddp_model, head, *next(batches), cfg, tok, gen)
-        watch.note(loss, step + 1)  # on the device, read above: no host sync per step
         optimizer_step(loss, opt, sched, run.amp)
-        run.log_progress(step + 1, stats)
-    if run.rank > 0:  # torchrun: rank 0 alone tests and saves
+        # the log, the checkpoint, a Ctrl-C or SIGTERM (exit 128 + n); True: a non-finite loss
+        if run.after_step(step + 1, loss, stats, checkpointed):
+            break
+    if run.rank > 0:
         return run.release()
-    if best["state"] is not None:  # the end of the run: back to the best dev state [official]
-        model.load_state_dict(best["state"])
-    test = {} if cfg.test == "none" else evaluate_sts(  # the test vector, as at dev
+    model.load_state_dict(best["state"])  # the best dev state [official]
+    test = {} if cfg.test == "none" else evaluate_sts(
         model, tok, run.senteval, "test", run.pooler, progress=run.progress("STS test"))
     save_pretrained(model, run.out, tok, run.pooler)  # as the released models are [official]
-    return run.finish(test, best, stopped)  # the log, results.json; stopped: exit 3
+    # the test table and results.json; stopped by a non-finite loss: exit status 3
+    return run.finish(test, best)
 
 
 # ---- CLI

@@ -166,7 +166,7 @@ def run_method(method, chunk_size=0, batch=B, steps=STEPS, masks=None):
 def counted(module, syncs):
     """DistributedDataParallel(module), as Run.ddp wraps it, with each all-reduce of a gradient
     bucket counted (DDP's default hook: the mean over processes)."""
-    ddp = torch.nn.parallel.DistributedDataParallel(module)
+    ddp = torch.nn.parallel.DistributedDataParallel(common.InsideDDP(module))
 
     def hook(state, bucket):
         syncs.append(bucket.index())

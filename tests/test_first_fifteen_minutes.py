@@ -91,10 +91,10 @@ def paced_run(monkeypatch):
 
 
 def dev_evaluation(clock, run, step, seconds):
-    common.start_evaluation(run, "STS-B dev")
+    common.Run.progress(run, "STS-B dev")
     clock.now += seconds
     dev = {"stsb_dev": 80.0 + step, "align": 0.1, "uniform": -2.0}  # a new best each time
-    common.log_dev(run, step, dev, {}, {"dev": 80.0 + step, "step": step})
+    common.Run.log_dev(run, step, dev, {}, {"dev": 80.0 + step, "step": step})
 
 
 def test_ms_per_step_counts_the_training_steps_alone(paced_run):
@@ -112,16 +112,16 @@ def test_the_eta_counts_the_evaluations_left_at_their_measured_time(paced_run):
     clock.now = 5.0
     dev_evaluation(clock, run, 0, 100.0)
     clock.now += 1.0  # step 1: the evaluation's line was 1 s ago, the next line comes 10 s after it
-    common.log_progress(run, 1, {})
+    common.Run.log_progress(run, 1, {})
     assert len(run.lines) == 1
     clock.now += 11.0  # step 12
-    common.log_progress(run, 12, {})
+    common.Run.log_progress(run, 12, {})
     # 18 steps x 1 s, dev at 20 and 30 (2 x 100 s), the test table (3,000 dev sentences: 100 s)
     minutes = (18 + 2 * 100 + 100 * common.TEST_SENTENCES / 3000) / 60  # 18.1; before: 2.9
     assert run.lines[-1] == f"step 12/30 | loss - | 1.00 steps/s | eta {minutes:.1f} min"
     run.cfg.test = "none"  # a smoke run: no table to wait for
     run.last_print = 0.0
-    common.log_progress(run, 12, {})
+    common.Run.log_progress(run, 12, {})
     assert run.lines[-1] == "step 12/30 | loss - | 1.00 steps/s | eta 3.6 min"
 
 

@@ -99,7 +99,7 @@ def test_backward_leaves_the_random_state_and_the_modes_as_it_found_them():
     model = common.Bert(common.BertConfig.tiny(vocab_size=len(tok.vocab))).train()
     ids, mask = tok(sentences(24))
     with importlib.import_module("simcsepp_min").dropout_off(model):
-        vectors = model(ids, mask, True, 8)  # [24, H]
+        vectors = common.gradient_cache(model, 8, ids, mask, cls_only=True)  # [24, H]
     weights = torch.randn_like(vectors)  # a draw between the passes
     state = torch.get_rng_state()
     (vectors * weights).sum().backward()

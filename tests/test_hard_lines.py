@@ -24,7 +24,7 @@ def test_chunk_size_says_its_step_is_exact_for_the_masks_drawn(capsys):
     with pytest.raises(SystemExit):
         common.parse_args(simcse_min.Config, ["--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "the whole batch's step, other dropout masks" in out
+    assert "the loss sees the whole batch" in out
     doc = " ".join((ROOT / "docs" / "large-batches.md").read_text().split())
     assert "exact step, for the dropout masks drawn" in doc and "same distribution" in doc
     speed = " ".join((ROOT / "docs" / "speed.md").read_text().split())
@@ -112,14 +112,15 @@ def test_part_1_spells_out_what_reads_as_something_else():
     assert re.search(r"_foreach_add_\(sums, got\)  # .*957 -> 637 ms", backward)  # its gain
 
 
-@pytest.mark.parametrize("name", ["simcse_min.py", "simcsepp_min.py"])
+@pytest.mark.parametrize("name", ["simcse_min.py", "esimcse_min.py", "simcsepp_min.py",
+                                  "diffcse_min.py"])
 def test_the_encoder_is_called_with_cls_only_named(name):
-    """SimCSE++'s dropout-off pass names cls_only as SimCSE does [issue 55]: `model(..., True,
-    cfg.chunk_size)` reads as a flag nobody named."""
+    """Every encoder pass names cls_only as SimCSE's does [issue 55]: `model(..., True,
+    cfg.chunk_size)` read as a flag nobody named. The passes go through gradient_cache."""
     tree = ast.parse((ROOT / name).read_text())
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
-             and isinstance(n.func, ast.Name) and n.func.id == "model"]
-    assert calls, f"{name}: no call of model(...) found: the check would check nothing"
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+             and n.func.id in ("model", "momentum", "gradient_cache")]
+    assert calls, f"{name}: no encoder call found: the check would check nothing"
     for call in calls:
         assert not any(isinstance(a, ast.Constant) and a.value is True for a in call.args), \
             (name, ast.unparse(call))

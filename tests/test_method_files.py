@@ -20,9 +20,9 @@ def test_train_loop_is_short_and_in_the_open():
     train = train_source("simcse_min.py")
     assert len(train) <= 46, len(train)
     text = "\n".join(train)
-    for piece in ("range(start, total + 1)", "run.save_checkpoint(", "run.exit_on_signal(",
-                  "evaluate_dev(", "keep_best(", "optimizer_step(", "watch.note(loss",
-                  "model.load_state_dict(best", "evaluate_sts(", "run.finish("):
+    for piece in ("range(start, total + 1)", "run.after_step(", "evaluate_dev(", "keep_best(",
+                  "optimizer_step(", "model.load_state_dict(best", "evaluate_sts(",
+                  "run.finish("):
         assert piece in text, f"train() does not show {piece}"
 
 

@@ -92,7 +92,7 @@ def test_overwrite_clears_the_old_run_and_a_killed_write_leaves_nothing(world, t
     out = tmp_path / "out"
     importlib.import_module("simcse_min").train(config(world, out))
     (out / ".checkpoint.pt.a1b2c3d4.tmp").write_bytes(b"half a checkpoint")  # a SIGKILL's
-    monkeypatch.setattr(common, "catch_signals", lambda run: sys.exit(137))  # killed at start
+    monkeypatch.setattr(common.Run, "catch_signals", lambda run: sys.exit(137))  # killed at start
     with pytest.raises(SystemExit):
         importlib.import_module("simcse_min").train(config(world, out, overwrite=True))
     assert sorted(p.name for p in out.rglob("*") if p.is_file()) == ["log.txt"]

@@ -65,7 +65,7 @@ EXERCISES = [  # reading order: simcse_min.py, the three diffs, then common.py's
               "test_simcse.py::test_loss_fn_uses_third_view_as_hard_negatives"],
              ["simcse-hard-weight", "simcse-hard-negatives"]),
     Exercise("make-views", S, ["make_views"], "SimCSE §3 (two dropout views, view-major)",
-             "simcse_min.train_step: one pass over all views, then .view(-1, B, H).",
+             "simcse_min.train_step: one pass over all views, then .view(V, B, -1).",
              ["test_simcse.py::test_make_views_unsupervised_duplicates_supervised_keeps_columns"],
              ["simcse-view-order"]),
     Exercise("repeat-subwords", E, ["repeat_subwords"], "ESimCSE §3.1, Eq. 3 (word repetition)",
