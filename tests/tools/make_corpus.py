@@ -205,7 +205,7 @@ def make(args):
         common.check_file(args.vocab, "--vocab")
     check_outputs(written, [args.head, args.vocab], args.overwrite)
     if args.out:
-        head = common.read_text(args.head, "--head").splitlines()
+        head = common.read_utf8(Path(args.head).expanduser()).removeprefix("\ufeff").splitlines()
         with common.atomic_write(args.out) as f:  # a new file, whole, or none
             for line in corpus_lines(head, args.lines, args.seed):
                 f.write(line + "\n")
