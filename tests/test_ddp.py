@@ -19,14 +19,13 @@ import torch.multiprocessing as mp
 
 import common
 from ddp_world import METHODS, Masks, diffcse_config, free_port, run_method, tolerance, worker
-from tiny_world import make_world
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    """train() settings on the tiny world, dropout 0; a checkpoint at step 2 of 3."""
-    tmp = tmp_path_factory.mktemp("ddp")
-    world = make_world(tmp, pooler=True)  # as bert-base-uncased and the released ones [issue 57]
+def tiny_run(tiny_world, tmp_path_factory):
+    """train() settings on the tiny world (its model has BERT's pooler, as bert-base-uncased and the
+    released ones [issue 57]), dropout 0; a checkpoint at step 2 of 3."""
+    tmp, world = tmp_path_factory.mktemp("ddp"), tiny_world
     return tmp, dict(model=world["model"], data=world["data"], senteval=world["senteval"],
                      device="cpu",
                      batch_size=8, max_steps=3, eval_every=1, save_every=2, dropout=0.0)

@@ -1,25 +1,21 @@
-"""A newcomer's first minutes: boolean flags as bare switches, input problems said one line at a
-time before any work, `wiki1m.txt` fetched once into the cache, a failed download that leaves no
-empty folder and names the flag, losses upcast to at least float32 (float64 stays float64), and
---help that runs. Local servers only (127.0.0.1)."""
-import collections
-import copy
-import random
-import socket
-import subprocess
-import sys
+"""The flags as parse_args and common.py's commands read them: boolean flags are bare switches
+with a --no_ form (the old `--flag 0` too); a flag is never guessed from a prefix, an unknown one
+names the nearest known flag, another method's flag names its file; every --flag a message names
+exists; a flag typed with a dash that is not one is said. The oracle: each flag's written rule,
+on every method's Config and every command."""
+import re
 
 import pytest
-import torch
 
 import common
 import diffcse_min
 import esimcse_min
 import simcse_min
 import simcsepp_min
-from tiny_world import make_model, make_senteval, make_world, sentence, tokenizer
+from conftest import ROOT, one_line
 
-ROOT = common.Path(common.__file__).parent
+METHODS = [simcse_min, esimcse_min, simcsepp_min, diffcse_min]
+SCRIPTS = [m.__name__ + ".py" for m in METHODS]
 
 
 @pytest.mark.parametrize(
@@ -45,119 +41,119 @@ def test_bad_boolean_is_one_line_exit_2(capsys):
     assert len(err) == 1 and err[0].startswith("error:") and "maybe" in err[0], err
 
 
-def test_input_problems_stop_the_run_one_line_at_a_time_before_any_work(tmp_path, capsys):
-    """The first problem found stops the run: one line naming it, exit 2, nothing created. Fixed,
-    the next one is said [issue 28: fail at the point of use]."""
-    (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "vocab.txt").write_text("[PAD]\n")  # a folder, but no config.json
-    senteval = make_senteval(tmp_path / "senteval", n=2)
-    (senteval / common.sts_files("test")[0]).unlink()  # incomplete
-    flags = {"--lr": "0", "--data": str(tmp_path / "missing.txt"),
-             "--model": str(tmp_path / "model"), "--senteval": str(senteval)}
-    (tmp_path / "w").mkdir()
-    fixes = {"--lr": "1e-3", "--data": make_world(tmp_path / "w")["data"],
-             "--model": str(make_model(tmp_path / "good"))}
-    out = tmp_path / "out"
-    for flag, problem in [("--lr", "--lr 0"), ("--data", "missing.txt does not exist"),
-                          ("--model", "has no config.json"), ("", "is incomplete")]:
-        cfg = common.parse_args(simcse_min.Config, [x for kv in flags.items() for x in kv] + [
-            "--out_dir", str(out), "--device", "cpu"])
-        with pytest.raises(SystemExit) as e:
-            common.main_guard(simcse_min.train, cfg)
-        err = capsys.readouterr().err.strip().splitlines()
-        assert e.value.code == 2 and len(err) == 1 and err[0].startswith("error: "), err
-        assert problem in err[0] and not out.exists(), (problem, err[0])
-        flags.update({flag: fixes[flag]} if flag else {})
+@pytest.mark.parametrize("module", METHODS, ids=lambda m: m.__name__)
+@pytest.mark.parametrize("typed, meant", [("--max_step", "--max_steps"), ("--eval", "--eval_every"),
+                                          ("--eval-every", "--eval_every"), ("--tes", "--test"),
+                                          ("--max_stesp", "--max_steps")])  # a typo: difflib
+def test_a_method_flag_is_never_guessed_and_the_nearest_is_named(module, typed, meant, capsys):
+    with pytest.raises(SystemExit) as stop:  # argparse took a prefix as its flag before
+        common.parse_args(module.Config, [typed, "10"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == f"error: unknown flag {typed}; did you mean {meant}? " \
+                                      f"(see --help)\n"
 
 
-def test_wiki1m_resolves_to_the_simcse_corpus_once(hub, tmp_path, monkeypatch, capsys):
-    corpus = hub.files["datasets/princeton-nlp/datasets-for-simcse/wiki1m_for_simcse.txt"]
-    (tmp_path / "cwd").mkdir()
-    monkeypatch.chdir(tmp_path / "cwd")
-    common.check_data("wiki1m.txt")  # absent, yet known: no problem
-    path = common.resolve_data("wiki1m.txt")
-    assert path == tmp_path / "cache" / "data" / "wiki1m_for_simcse.txt"
-    assert path.read_bytes() == corpus
-    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
-    assert len(notes) == 1 and "wiki1m_for_simcse.txt" in notes[0], notes
-    # a large file: the hub, then its CDN
-    assert [host for _, host, _, _ in hub.requests] == ["hub", "cdn"]
-    assert common.resolve_data("wiki1m.txt") == path  # cached now: the server is not asked again
-    assert len(hub.requests) == 2 and not (tmp_path / "cwd" / "wiki1m.txt").exists()
+@pytest.mark.parametrize("argv, typed, meant", [
+    (["eval", "--model", "m", "--pool", "cls"], "--pool", "--pooler"),
+    (["eval", "--model", "m", "--poolr", "cls"], "--poolr", "--pooler"),
+    (["analyze", "--model", "m", "--out", "o", "--comp", "x"], "--comp", "--compare"),
+    (["encode", "--model", "m", "--input", "f", "--out", "v", "--batch", "8"], "--batch",
+     "--batch_size"),
+    (["search", "--model", "m", "--corpus", "c", "--query", "q", "--top", "3"], "--top", "--top_k"),
+    (["search", "--model", "m", "--corpus", "c", "--query", "q", "--top-k", "3"], "--top-k",
+     "--top_k"),
+    (["download", "senteval", "--hel"], "--hel", "--help"),
+])
+def test_a_command_flag_is_never_guessed_and_the_nearest_is_named(argv, typed, meant, capsys):
+    with pytest.raises(SystemExit) as stop:  # before: a prefix ran the command, or no hint
+        common.cli(argv)
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == f"error: unknown flag {typed}; did you mean {meant}? " \
+                                      f"(see --help)\n"
 
 
-@pytest.mark.parametrize("name, flag", [("bert-base-uncased", "--model"),
-                                        ("distilbert-base-uncased", "--generator")])
-def test_failed_download_leaves_no_empty_cache_folder(name, flag, tmp_path, monkeypatch):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()  # nothing listens there now
-    monkeypatch.setattr(common, "HF_ENDPOINT", f"http://127.0.0.1:{port}")
-    monkeypatch.setattr(common, "CACHE", tmp_path / "cache")
-    # no snapshot of a real download either
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    with pytest.raises(common.UserError) as e:
-        # --model: the default
-        common.resolve_model(*(name,) if flag == "--model" else (name, flag))
-    assert "offline" in str(e.value) and flag in str(e.value), str(e.value)
-    assert not (common.CACHE / "models" / name).exists()
+def training_flags():
+    return {f.name for m in METHODS for f in common.dataclasses.fields(m.Config)}
 
 
-def test_upcast_is_at_least_float32():
-    assert common.upcast(torch.ones(2, dtype=torch.bfloat16)).dtype == torch.float32
-    assert common.upcast(torch.ones(2, dtype=torch.float16)).dtype == torch.float32
-    assert common.upcast(torch.ones(2, dtype=torch.float64)).dtype == torch.float64
+def test_every_flag_a_message_names_exists():
+    """Every --flag in a string of the five files is a training flag, an eval/analyze flag, or
+    --help."""
+    cli_flags = {"model", "pooler", "senteval", "batch_size", "device", "mode", "tasks", "json",
+                 "compare", "runs", "out", "help", "sts_file", "input", "corpus", "vectors",
+                 "query", "queries", "top_k"}
+    for name in ["common.py", *SCRIPTS]:
+        text = (ROOT / name).read_text()
+        strings = re.findall(r"\"[^\"\n]*\"", text)
+        named = {m for s in strings for m in re.findall(r"(?<![\w-])--([a-z][a-z_]*)", s)}
+        named -= {"no_"}  # a switch's off form, --no_ + its name (parse_args) [issue 55]
+        assert named <= training_flags() | cli_flags | {"name"}, (name, named - training_flags()
+                                                                  - cli_flags)
 
 
-@pytest.mark.parametrize("method", ["simcse", "esimcse", "simcsepp", "diffcse"])
-def test_float64_model_gives_a_float64_loss(method):
-    torch.manual_seed(0)
-    tok, rng = tokenizer(), random.Random(0)
-    model = common.Bert(common.BertConfig.tiny(vocab_size=len(tok.vocab))).double().train()
-    ids, mask = tok([sentence(rng) for _ in range(4)], max_len=16)
-    ids, mask = ids[:, None], mask[:, None]  # [B, 1, L]
-    H = model.cfg.hidden_size
-    if method == "simcse":
-        losses = [simcse_min.train_step(model, simcse_min.MLPHead(H).double(), ids, mask,
-                                        simcse_min.Config())[0]]
-    elif method == "simcsepp":
-        cfg = simcsepp_min.Config()
-        losses = [simcsepp_min.train_step(model, simcsepp_min.MLPHead(H).double(), ids, mask,
-                                          cfg)[0]]
-    elif method == "esimcse":
-        cfg, head = esimcse_min.Config(queue_size=6), esimcse_min.MLPHead(H).double()
-        momentum, queue = esimcse_min.momentum_encoder(model), collections.deque(maxlen=6)
-        losses = [esimcse_min.train_step(model, head, ids, mask, cfg, momentum, queue,
-                                         random.Random(0))[0]
-                  for _ in range(2)]  # the second step with a queue of float64 vectors
-        assert all(q.dtype == torch.float64 for q in queue)
-    else:
-        disc = diffcse_min.Discriminator(copy.deepcopy(model)).double().train()
-        generator = common.Bert(model.cfg, mlm_head=True).double().requires_grad_(False)
-        head = diffcse_min.BNProjector(H).double().train()
-        losses = [diffcse_min.train_step(model, head, ids, mask, diffcse_min.Config(), disc,
-                                         generator, tok,
-                                         torch.Generator().manual_seed(0))[0]]
-    for loss in losses:
-        assert loss.dtype == torch.float64 and torch.isfinite(loss)
-    losses[-1].backward()  # the float64 graph is whole
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    assert grads and all(g.dtype == torch.float64 for g in grads)  # a gradient reached the model
+@pytest.mark.parametrize("module, flag, owner", [
+    (simcse_min, "--dup_rate", "ESimCSE's: esimcse_min.py"),
+    (simcse_min, "--mask_ratio", "DiffCSE's: diffcse_min.py"),
+    (simcse_min, "--m", "SimCSE++'s: simcsepp_min.py"),
+    (esimcse_min, "--hard_weight", "SimCSE's: simcse_min.py"),
+    (diffcse_min, "--no_off_dropout", "SimCSE++'s: simcsepp_min.py"),
+    (diffcse_min, "--mlm_weight", "SimCSE's: simcse_min.py, ESimCSE's: esimcse_min.py, "
+                                  "SimCSE++'s: simcsepp_min.py"),  # each of them
+])
+def test_a_flag_of_another_method_names_its_file(module, flag, owner, capsys):
+    with pytest.raises(SystemExit) as stop:  # before: "did you mean --data?", or no hint
+        common.parse_args(module.Config, [flag, "0.3"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err == f"error: unknown flag {flag}; {flag} is {owner} (see --help)\n"
 
 
-def test_help_runs():
-    procs = {script: subprocess.Popen([sys.executable, script, "--help"], cwd=ROOT, text=True,
-                                      stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE) for script in ("common.py",
-                                                                             "simcse_min.py")}
-    try:  # side by side: each is mostly the import of torch
-        outputs = {script: p.communicate(timeout=300) for script, p in procs.items()}
-    finally:
-        for p in procs.values():
-            p.kill() if p.poll() is None else None
-            p.wait()
-    for script, p in procs.items():
-        assert p.returncode == 0, (script, outputs[script][1])
-    assert "--overwrite" in outputs["simcse_min.py"][0]
-    assert "--compile" in outputs["simcse_min.py"][0]
+def test_a_command_flag_names_no_method(capsys):
+    with pytest.raises(SystemExit):
+        common.cli(["eval", "--model", "m", "--dup_rate", "0.3"])
+    assert capsys.readouterr().err == "error: unknown flag --dup_rate (see --help)\n"
+
+
+@pytest.mark.parametrize("module", METHODS, ids=lambda m: m.__name__)
+def test_every_switch_has_its_no_form(module, capsys):
+    switches = [f for f in common.dataclasses.fields(module.Config) if f.type in (bool, "bool")]
+    assert switches
+    for f in switches:
+        on, off = f"--{f.name}", f"--no_{f.name}"
+        assert getattr(common.parse_args(module.Config, [on]), f.name) is True
+        assert getattr(common.parse_args(module.Config, [off]), f.name) is False  # before: refused
+        assert getattr(common.parse_args(module.Config, [on, "0"]), f.name) is False  # the old form
+        with pytest.raises(SystemExit):
+            common.parse_args(module.Config, [off, "1"])  # --no_X takes no value
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        common.parse_args(module.Config, ["--help"])
+    out = capsys.readouterr().out
+    for f in switches:
+        assert f"--{f.name}, --no_{f.name}" in out
+
+
+def test_off_dropout_defaults_on_and_turns_off(capsys):
+    assert common.parse_args(simcsepp_min.Config, ["--no_off_dropout"]).off_dropout is False
+    with pytest.raises(SystemExit):
+        common.parse_args(simcsepp_min.Config, ["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--off_dropout, --no_off_dropout negatives from a dropout-off pass" in out
+    assert "(default: on)" in out
+
+
+def test_errors_name_the_flag_typed(world, tmp_path, capsys):
+    (tmp_path / "c.txt").write_text("a man .\na dog .\n")
+    (tmp_path / "q.txt").write_text("\n  \n")
+    search = ["search", "--model", world["model"], "--corpus", str(tmp_path / "c.txt"),
+              "--device", "cpu"]
+    assert "--queries" in one_line(capsys, search + ["--queries", str(tmp_path / "q.txt")])
+    for query in ("", "   "):
+        assert "--query is empty" in one_line(capsys, search + ["--query", query])
+    (tmp_path / "q.txt").write_text("one\u2028query\x85still one\nanother\n")
+    found = common.main_guard(common.cli, search + ["--queries", str(tmp_path / "q.txt")])
+    assert {f["query"] for f in found} == {"one\u2028query\x85still one", "another"}
+    for argv, hint in ((["\u2013lr", "1e-5"], "type --lr"), (["--lr", "-1e-5"], "--lr=-1e-5")):
+        with pytest.raises(SystemExit):
+            common.parse_args(simcse_min.Config, argv)
+        assert hint in capsys.readouterr().err

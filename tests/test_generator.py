@@ -1,97 +1,18 @@
-"""The first fifteen minutes, second pass: a progress line while anything long runs (evaluations,
-tokenization),
---help in groups with every default meaningful and switches shown bare, hints that name only flags
-and commands
-that exist where they are printed, the DiffCSE generator's way out offline, one note for unused
-tensors."""
-import importlib
-import io
-import re
-import sys
+"""DiffCSE's generator: tests/tools/make_generator.py explains itself, fails in one line and takes a
+model that carries a pooler; offline, the way out names it; a generator that replaces more than is
+masked (a weak one, as a random MLM head) is named once in the run's log, and make_generator.py
+says when its head is poor. The oracle: the replaced fraction against --mask_ratio [issue 55]."""
+import random
+import types
 
 import pytest
+import torch
 
 import common
-from tiny_world import make_model, make_senteval, seeded_run_folder, tokenizer
-
-ROOT = common.Path(common.__file__).parent
-METHODS = ["simcse_min.py", "esimcse_min.py", "simcsepp_min.py", "diffcse_min.py"]
-
-
-# --- progress -------------------------------------------------------------------------------------
-
-def test_eval_shows_progress_lines_in_a_log(tmp_path, monkeypatch, capsys):
-    """Not a terminal: a line every PROGRESS_EVERY seconds (0 here) with done/total, elapsed and the
-    ETA."""
-    monkeypatch.setattr(common, "PROGRESS_EVERY", 0.0)
-    model, senteval = make_model(tmp_path / "m"), make_senteval(tmp_path / "senteval", n=40)
-    common.cli(["eval", "--model", str(model), "--senteval", str(senteval), "--device", "cpu",
-                "--batch_size", "16"])
-    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("STS test: ")]
-    total = int(re.search(r"/([\d,]+) sentences encoded", lines[0])[1].replace(",", ""))
-    assert len(lines) >= 3 and total > 16, lines
-    assert re.fullmatch(r"STS test: 16/[\d,]+ sentences encoded \| \d+ s \| eta \d+ s",
-                        lines[0]), lines[0]
-    assert lines[-1].endswith("| done") and f"{total:,}/{total:,}" in lines[-1]
-
-
-def test_a_short_evaluation_in_a_log_says_nothing(tmp_path, capsys):
-    """Below PROGRESS_EVERY seconds nothing is printed: the dev evaluations of a training log stay
-    one line each."""
-    progress = common.Progress("STS-B dev")
-    for done in (10, 20, 30):
-        progress(done, 30)
-    assert capsys.readouterr().err == ""
-
-
-class Terminal(io.StringIO):
-    def isatty(self):
-        return True
-
-
-def test_on_a_terminal_the_line_is_updated_in_place_then_erased(monkeypatch):
-    term = Terminal()
-    monkeypatch.setattr(sys, "stderr", term)
-    clock = iter([0.0, 1.0, 2.0, 3.0])
-    monkeypatch.setattr(common.time, "time", lambda: next(clock))
-    progress = common.Progress("STS test")
-    progress(5, 10), progress(10, 10)
-    assert (
-        term.getvalue() == "\rSTS test: 5/10 sentences encoded | 1 s | eta 1 s\033[K" + "\r\033[K"
-    )
-
-
-# --- --help ---------------------------------------------------------------------------------------
-
-def help_text(capsys, entry, *argv):
-    with pytest.raises(SystemExit) as e:
-        entry(*argv)
-    assert e.value.code == 0
-    return capsys.readouterr().out
-
-
-@pytest.mark.parametrize("script", METHODS)
-def test_method_help_groups_flags_and_shows_switches_bare(script, capsys):
-    module = importlib.import_module(script.removesuffix(".py"))
-    out = help_text(capsys, common.parse_args, module.Config, ["--help"])
-    headers = re.findall(r"^(\S[^:\n]*):$", out, re.M)
-    assert headers[-4:] == ["data and model", "training", "method", "run and output"], headers
-    assert not re.search(r"--\w+ \[[A-Z_]+\]", out), "a switch shown with a value"
-    assert "--overwrite, --no_overwrite\n" in out and "(default: off)" in out  # [issue 55]
-    assert "(default: )" not in out and "(default: None)" not in out
-    # empty defaults: the help says what empty means
-    for flag in ("--senteval", "--out_dir", "--resume"):
-        assert re.search(rf"{flag} \S+\s+\S", out), flag
-
-
-def test_common_alone_lists_its_commands_and_each_help_is_grouped(capsys):
-    common.cli([])
-    alone = capsys.readouterr().out
-    assert all(c in alone for c in ("eval", "download", "analyze")), alone
-    for command in ("eval", "analyze"):
-        out = help_text(capsys, common.cli, [command, "--help"])
-        assert "data and model:" in out and "run and output:" in out and "(default: )" not in out
-        assert "empty: ./SentEval/data/downstream" in out  # what an empty --senteval does
+import diffcse_min
+import simcse_min
+from conftest import help_text
+from tiny_world import seeded_run_folder, sentence
 
 
 def test_the_generator_script_explains_itself_and_fails_in_one_line(tmp_path, capsys):
@@ -117,38 +38,6 @@ def test_the_generator_takes_a_model_that_carries_a_pooler(tmp_path):
 
 # --- hints ----------------------------------------------------------------------------------------
 
-def training_flags():
-    return {f.name for m in METHODS for f in common.dataclasses.fields(
-        importlib.import_module(m.removesuffix(".py")).Config)}
-
-
-def test_every_flag_a_message_names_exists():
-    """Every --flag in a string of the five files is a training flag, an eval/analyze flag, or
-    --help."""
-    cli_flags = {"model", "pooler", "senteval", "batch_size", "device", "mode", "tasks", "json",
-                 "compare", "runs", "out", "help", "sts_file", "input", "corpus", "vectors",
-                 "query", "queries", "top_k"}
-    for name in ["common.py", *METHODS]:
-        text = (ROOT / name).read_text()
-        strings = re.findall(r"\"[^\"\n]*\"", text)
-        named = {m for s in strings for m in re.findall(r"(?<![\w-])--([a-z][a-z_]*)", s)}
-        named -= {"no_"}  # a switch's off form, --no_ + its name (parse_args) [issue 55]
-        assert named <= training_flags() | cli_flags | {"name"}, (name, named - training_flags()
-                                                                  - cli_flags)
-
-
-@pytest.mark.parametrize("what", ["wiki1m_for_simcse.txt", "senteval", "bert-base-uncased"])
-def test_download_offline_names_no_flag_it_does_not_have(what, tmp_path, monkeypatch):
-    monkeypatch.setattr(common, "HF_ENDPOINT", "http://127.0.0.1:9")
-    monkeypatch.setattr(common, "CACHE", tmp_path / "c")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(common.UserError) as e:
-        common.cli(["download", what])
-    err = str(e.value)
-    assert "offline" in err and not re.search(r"\s--[a-z]",
-                                              err) and f"put it at {tmp_path / 'c'}" in err, err
-
 
 def test_the_generator_offline_says_how_to_make_one(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "HF_ENDPOINT", "http://127.0.0.1:9")
@@ -164,20 +53,35 @@ def test_the_generator_offline_says_how_to_make_one(tmp_path, monkeypatch):
 
 # --- noise ----------------------------------------------------------------------------------------
 
-def test_unused_pretraining_heads_are_noted_once_with_the_reason(tmp_path, capsys):
-    """DiffCSE loads its model twice (encoder and discriminator): BERT's NSP head is noted once, and
-    why (its pooler is loaded: --pooler cls)."""
-    import torch
-    folder = make_model(tmp_path / "m")
-    tensors = common.read_safetensors(folder / "model.safetensors")
-    tensors |= {"cls.seq_relationship.weight": torch.zeros(2, 32),
-                "cls.seq_relationship.bias": torch.zeros(2)}
-    common.write_safetensors(folder / "model.safetensors", tensors)
-    common.Bert.from_pretrained(folder), common.Bert.from_pretrained(folder)
-    err = [x for x in capsys.readouterr().err.splitlines() if "not used from the checkpoint" in x]
-    assert len(err) == 1 and "pretraining heads" in err[0], err
-    assert "seq_relationship.bias" in err[0], err
+
+def log_of(cfg, stats):
+    lines = []
+    common.check_generator(types.SimpleNamespace(cfg=cfg, log=lines.append), stats)
+    return lines
 
 
-def test_analysis_output_is_ignored_by_git():
-    assert "analysis/" in (ROOT / ".gitignore").read_text().split()
+def test_a_generator_that_replaces_more_than_is_masked_is_named_once():
+    cfg = diffcse_min.Config()  # --mask_ratio 0.3
+    assert log_of(cfg, {"replaced": torch.tensor(0.25)}) == []  # 300 steps of make_generator.py
+    warned = log_of(cfg, {"replaced": torch.tensor(0.70)})  # 20 steps: it rewrites what it sees
+    assert warned == ["warning: the generator replaced 0.70 of the real tokens, more than the 0.3 "
+                      "masked: a weak one (tests/tools/make_generator.py: train it longer)"]
+    assert log_of(simcse_min.Config(), {"loss": torch.tensor(0.1)}) == []  # no generator
+
+
+def test_a_diffcse_run_with_a_random_generator_warns_in_its_log(world, tmp_path):
+    # the tiny world's generator: a tiny BERT with a random MLM head
+    diffcse_min.train(diffcse_min.Config(**world, device="cpu", batch_size=8, max_steps=2,
+                                         eval_every=2, test="none", out_dir=str(tmp_path / "run")))
+    log = (tmp_path / "run" / "log.txt").read_text()
+    assert log.count("warning: the generator replaced") == 1  # before: nothing
+
+
+def test_make_generator_says_when_its_head_is_poor(world, tmp_path, capsys):
+    from make_generator import main
+    rng = random.Random(0)
+    data = tmp_path / "lines.txt"
+    data.write_text("".join(sentence(rng) + "\n" for _ in range(60)))
+    main(["--model", world["model"], "--data", str(data), "--out", str(tmp_path / "g"),
+          "--steps", "1", "--held_out", "20", "--batch_size", "8"])
+    assert "warning: only " in capsys.readouterr().out  # one step: a poor head

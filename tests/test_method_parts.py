@@ -1,17 +1,27 @@
 """Each method's head and the parts of its loop that live in train(), checked for what they are
 named: SimCSE's Linear + tanh head as the official code initialises it; DiffCSE's BatchNorm
 projector (ReLU between, no learnable scale at the end) and its generator left in train mode;
-ESimCSE's queue (bounded by queue_size, emptied at each epoch) and its momentum encoder (moved after
-every optimizer step), and ESimCSE's defaults as its paper sets them."""
+ESimCSE's queue (bounded by queue_size, emptied at each epoch, an entry of another width refused)
+and its momentum encoder (moved after every optimizer step), and ESimCSE's defaults as its paper
+sets them; every method's loss at least float32 (a float64 model's stays float64, its graph
+whole). The oracles: the official code's modules written out with torch's primitives, and the
+recorded state at each step of a real run."""
+import collections
+import copy
 import dataclasses
+import random
 
+import pytest
 import torch
 import torch.nn.functional as F
 
+import common
 import diffcse_min
 import esimcse_min
 import simcse_min
-from tiny_world import make_world
+import simcsepp_min
+from conftest import tiny_config
+from tiny_world import sentence, tokenizer
 
 
 def test_simcse_head_is_linear_then_tanh_initialised_as_the_official_code():
@@ -40,30 +50,27 @@ def test_diffcse_projector_is_linear_bn_relu_linear_bn_without_affine():
     assert not list(head.net[4].parameters())
 
 
-def run_recording(module, tmp_path, monkeypatch, record, **kw):
+def run_recording(module, world, tmp_path, monkeypatch, record, **kw):
     """module.train on the tiny world; record(locals of train_step's caller args) before each
     step."""
-    world = {k: v for k, v in make_world(tmp_path).items() if k != "generator"
-             or module is diffcse_min}
     real_step, seen = module.train_step, []
 
     def step(*args):
         seen.append(record(*args))
         return real_step(*args)
     monkeypatch.setattr(module, "train_step", step)
-    cfg = module.Config(**world, device="cpu", batch_size=8, eval_every=100,
-                        out_dir=str(tmp_path / "out"), **kw)
+    cfg = tiny_config(module, world, tmp_path / "out", **{"max_steps": 0, "eval_every": 100, **kw})
     module.train(cfg)
     return seen
 
 
-def test_esimcse_queue_is_bounded_emptied_each_epoch_and_momentum_moves_after_each_step(tmp_path,
-                                                                                      monkeypatch):
+def test_esimcse_queue_is_bounded_emptied_each_epoch_and_momentum_moves_after_each_step(
+        world, tmp_path, monkeypatch):
     """48 rows, batch 8: 6 steps an epoch; queue_size 16 holds two batches at most and starts empty
     each epoch [official code]; the momentum encoder differs from one step to the next."""
     def record(model, head, ids, mask, cfg, momentum, queue, rng, tok=None, gen=None):
         return len(queue), queue.maxlen, [p.detach().clone() for p in momentum.parameters()]
-    seen = run_recording(esimcse_min, tmp_path, monkeypatch, record, queue_size=16, epochs=2,
+    seen = run_recording(esimcse_min, world, tmp_path, monkeypatch, record, queue_size=16, epochs=2,
                          lr=1e-3)
     sizes = [s for s, _, _ in seen]
     assert len(seen) == 12 and {m for _, m, _ in seen} == {16}
@@ -73,11 +80,11 @@ def test_esimcse_queue_is_bounded_emptied_each_epoch_and_momentum_moves_after_ea
                                                                                 momenta[1:]))
 
 
-def test_diffcse_generator_keeps_dropout_on_during_training(tmp_path, monkeypatch):
+def test_diffcse_generator_keeps_dropout_on_during_training(world, tmp_path, monkeypatch):
     """Frozen, yet in train mode as in the official run (its dropout draws differ at every step)."""
     def record(model, head, ids, mask, cfg, disc, generator, tok, gen):
         return generator.training, all(not p.requires_grad for p in generator.parameters())
-    seen = run_recording(diffcse_min, tmp_path, monkeypatch, record, max_steps=2, lr=7e-6)
+    seen = run_recording(diffcse_min, world, tmp_path, monkeypatch, record, max_steps=2, lr=7e-6)
     assert seen == [(True, True), (True, True)]
 
 
@@ -85,3 +92,55 @@ def test_configs_are_dataclasses_with_the_papers_defaults():
     assert dataclasses.is_dataclass(esimcse_min.Config)
     cfg = esimcse_min.Config()
     assert (cfg.queue_size, cfg.momentum, cfg.dup_rate) == (160, 0.995, 0.32)
+
+
+def test_upcast_is_at_least_float32():
+    assert common.upcast(torch.ones(2, dtype=torch.bfloat16)).dtype == torch.float32
+    assert common.upcast(torch.ones(2, dtype=torch.float16)).dtype == torch.float32
+    assert common.upcast(torch.ones(2, dtype=torch.float64)).dtype == torch.float64
+
+
+@pytest.mark.parametrize("method", ["simcse", "esimcse", "simcsepp", "diffcse"])
+def test_float64_model_gives_a_float64_loss(method):
+    torch.manual_seed(0)
+    tok, rng = tokenizer(), random.Random(0)
+    model = common.Bert(common.BertConfig.tiny(vocab_size=len(tok.vocab))).double().train()
+    ids, mask = tok([sentence(rng) for _ in range(4)], max_len=16)
+    ids, mask = ids[:, None], mask[:, None]  # [B, 1, L]
+    H = model.cfg.hidden_size
+    if method == "simcse":
+        losses = [simcse_min.train_step(model, simcse_min.MLPHead(H).double(), ids, mask,
+                                        simcse_min.Config())[0]]
+    elif method == "simcsepp":
+        cfg = simcsepp_min.Config()
+        losses = [simcsepp_min.train_step(model, simcsepp_min.MLPHead(H).double(), ids, mask,
+                                          cfg)[0]]
+    elif method == "esimcse":
+        cfg, head = esimcse_min.Config(queue_size=6), esimcse_min.MLPHead(H).double()
+        momentum, queue = esimcse_min.momentum_encoder(model), collections.deque(maxlen=6)
+        losses = [esimcse_min.train_step(model, head, ids, mask, cfg, momentum, queue,
+                                         random.Random(0))[0]
+                  for _ in range(2)]  # the second step with a queue of float64 vectors
+        assert all(q.dtype == torch.float64 for q in queue)
+    else:
+        disc = diffcse_min.Discriminator(copy.deepcopy(model)).double().train()
+        generator = common.Bert(model.cfg, mlm_head=True).double().requires_grad_(False)
+        head = diffcse_min.BNProjector(H).double().train()
+        losses = [diffcse_min.train_step(model, head, ids, mask, diffcse_min.Config(), disc,
+                                         generator, tok,
+                                         torch.Generator().manual_seed(0))[0]]
+    for loss in losses:
+        assert loss.dtype == torch.float64 and torch.isfinite(loss)
+    losses[-1].backward()  # the float64 graph is whole
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(g.dtype == torch.float64 for g in grads)  # a gradient reached the model
+
+
+def test_a_queue_entry_of_another_width_is_refused():
+    import collections
+    import torch
+    model, queue = common.Bert(common.BertConfig.tiny()), collections.deque()
+    common.restore_state(queue, [torch.zeros(32)], "cpu", model, 0)  # the model's width: restored
+    assert len(queue) == 1
+    with pytest.raises(ValueError, match="width"):
+        common.restore_state(queue, [torch.zeros(31)], "cpu", model, 0)

@@ -1,67 +1,17 @@
-"""The first fifteen minutes [issue 42]: flags never guessed from a prefix (each unknown one named
-with the nearest known flag, in every method and every common.py command), a smoke run that skips
-the test table (--test none), and a log whose ms/step and ETA keep the evaluations' time apart."""
+"""What a run's log and an evaluation say while they go: on a clock the test moves, ms/step counts
+the training steps alone and the ETA counts the evaluations left at their measured time, the test
+table at TEST_SENTENCES (checked against SentEval's files); an evaluation prints a progress line
+in a log every PROGRESS_EVERY seconds, nothing when short, and on a terminal one line updated in
+place then erased [issue 42]."""
+import io
+import re
+import sys
 import types
 
 import pytest
 
 import common
-import diffcse_min
-import esimcse_min
-import simcse_min
-import simcsepp_min
-from tiny_world import make_world
-
-METHODS = [simcse_min, esimcse_min, simcsepp_min, diffcse_min]
-
-
-@pytest.mark.parametrize("module", METHODS, ids=lambda m: m.__name__)
-@pytest.mark.parametrize("typed, meant", [("--max_step", "--max_steps"), ("--eval", "--eval_every"),
-                                          ("--eval-every", "--eval_every"), ("--tes", "--test"),
-                                          ("--max_stesp", "--max_steps")])  # a typo: difflib
-def test_a_method_flag_is_never_guessed_and_the_nearest_is_named(module, typed, meant, capsys):
-    with pytest.raises(SystemExit) as stop:  # argparse took a prefix as its flag before
-        common.parse_args(module.Config, [typed, "10"])
-    assert stop.value.code == 2
-    assert capsys.readouterr().err == f"error: unknown flag {typed}; did you mean {meant}? " \
-                                      f"(see --help)\n"
-
-
-@pytest.mark.parametrize("argv, typed, meant", [
-    (["eval", "--model", "m", "--pool", "cls"], "--pool", "--pooler"),
-    (["eval", "--model", "m", "--poolr", "cls"], "--poolr", "--pooler"),
-    (["analyze", "--model", "m", "--out", "o", "--comp", "x"], "--comp", "--compare"),
-    (["encode", "--model", "m", "--input", "f", "--out", "v", "--batch", "8"], "--batch",
-     "--batch_size"),
-    (["search", "--model", "m", "--corpus", "c", "--query", "q", "--top", "3"], "--top", "--top_k"),
-    (["search", "--model", "m", "--corpus", "c", "--query", "q", "--top-k", "3"], "--top-k",
-     "--top_k"),
-    (["download", "senteval", "--hel"], "--hel", "--help"),
-])
-def test_a_command_flag_is_never_guessed_and_the_nearest_is_named(argv, typed, meant, capsys):
-    with pytest.raises(SystemExit) as stop:  # before: a prefix ran the command, or no hint
-        common.cli(argv)
-    assert stop.value.code == 2
-    assert capsys.readouterr().err == f"error: unknown flag {typed}; did you mean {meant}? " \
-                                      f"(see --help)\n"
-
-
-@pytest.mark.parametrize("module", METHODS, ids=lambda m: m.__name__)
-def test_a_smoke_run_with_test_none_skips_the_table_and_says_so(module, tmp_path, monkeypatch):
-    world = make_world(tmp_path)
-    if module is not diffcse_min:
-        world.pop("generator")
-
-    def no_table(*args, **kwargs):
-        raise AssertionError("--test none computed the test table")
-    monkeypatch.setattr(module, "evaluate_sts", no_table)
-    cfg = module.Config(**world, device="cpu", batch_size=8, max_steps=2, eval_every=1,
-                        test="none", out_dir=str(tmp_path / "run"))
-    results = module.train(cfg)
-    log = (tmp_path / "run" / "log.txt").read_text()
-    assert results["test"] == {} and results["test_details"] == {}
-    assert "no test table (--test none)" in log and len(results["dev_history"]) == 3
-    assert (tmp_path / "run" / "model.safetensors").is_file()
+from tiny_world import make_model, make_senteval
 
 
 class Clock:
@@ -129,3 +79,44 @@ def test_the_eta_counts_the_sentences_the_test_table_encodes(senteval_dir):
     tasks = common.load_sts(common.resolve_senteval(str(senteval_dir)), "test")
     distinct = {s for subsets in tasks.values() for a, b, _ in subsets.values() for s in a + b}
     assert len(distinct) == common.TEST_SENTENCES  # the table: that many dev sentences' time
+
+
+def test_eval_shows_progress_lines_in_a_log(tmp_path, monkeypatch, capsys):
+    """Not a terminal: a line every PROGRESS_EVERY seconds (0 here) with done/total, elapsed and the
+    ETA."""
+    monkeypatch.setattr(common, "PROGRESS_EVERY", 0.0)
+    model, senteval = make_model(tmp_path / "m"), make_senteval(tmp_path / "senteval", n=40)
+    common.cli(["eval", "--model", str(model), "--senteval", str(senteval), "--device", "cpu",
+                "--batch_size", "16"])
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("STS test: ")]
+    total = int(re.search(r"/([\d,]+) sentences encoded", lines[0])[1].replace(",", ""))
+    assert len(lines) >= 3 and total > 16, lines
+    assert re.fullmatch(r"STS test: 16/[\d,]+ sentences encoded \| \d+ s \| eta \d+ s",
+                        lines[0]), lines[0]
+    assert lines[-1].endswith("| done") and f"{total:,}/{total:,}" in lines[-1]
+
+
+def test_a_short_evaluation_in_a_log_says_nothing(tmp_path, capsys):
+    """Below PROGRESS_EVERY seconds nothing is printed: the dev evaluations of a training log stay
+    one line each."""
+    progress = common.Progress("STS-B dev")
+    for done in (10, 20, 30):
+        progress(done, 30)
+    assert capsys.readouterr().err == ""
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_on_a_terminal_the_line_is_updated_in_place_then_erased(monkeypatch):
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    clock = iter([0.0, 1.0, 2.0, 3.0])
+    monkeypatch.setattr(common.time, "time", lambda: next(clock))
+    progress = common.Progress("STS test")
+    progress(5, 10), progress(10, 10)
+    assert (
+        term.getvalue() == "\rSTS test: 5/10 sentences encoded | 1 s | eta 1 s\033[K" + "\r\033[K"
+    )

@@ -1,9 +1,9 @@
 """STS evaluation: Spearman, the 'all' setting, SentEval file parsing, encoding order, official
 numbers, CLI.
 
-Fast on purpose: the full 7-task table (~2 min on a CPU) lives in tests/tools/bench_eval.py; here
-the real model is checked against the official numbers on the two cheapest tasks only (STS-B test
-and STS13).
+Fast on purpose: the full 7-task table (~2 min on a CPU) lives in tests/tools/bench/bench_eval.py;
+here the real model is checked against the official numbers on the two cheapest tasks only (STS-B
+test and STS13).
 """
 from pathlib import Path
 

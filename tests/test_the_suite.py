@@ -1,10 +1,10 @@
-"""The first fifteen minutes, fourth pass [issue 55]: the tests never touch the checkout's runs/ or
-the user's cache (a live run there is left alone), `--dev_file` with `--test none` needs no
-SentEval, the README's test line gives the variables' values, a flag of another method names its
-file, and every switch has its `--no_` form."""
+"""The suite itself [issue 55]: the tests never touch the checkout's runs/ or the user's cache (a
+live run there is left alone, checked by running a test in a clone under a home of its own), the
+README's test line gives the variables' values as CI sets them, and docs/testing.md's table names
+every test file, each once, and no other. The oracles: the clone's and the home's files before
+and after, .ci/run, and the files in tests/."""
 import fcntl
 import os
-import random
 import re
 import shutil
 import subprocess
@@ -14,35 +14,28 @@ from pathlib import Path
 import pytest
 
 import common
-import diffcse_min
-import esimcse_min
 import simcse_min
-import simcsepp_min
 from conftest import ROOT
-from tiny_world import make_world, sentence
-
-METHODS = [simcse_min, esimcse_min, simcsepp_min, diffcse_min]
 
 
-def default_out_dir(tmp):
+def default_out_dir(world):
     """Where a Run with the default --out_dir puts its folder (it takes its lock: a live run's
     there refuses it)."""
-    world = make_world(tmp)
-    world.pop("generator")
-    run = common.Run(simcse_min.Config(**world, device="cpu"), simcse_min.__file__)
+    paths = {k: world[k] for k in ("model", "data", "senteval")}
+    run = common.Run(simcse_min.Config(**paths, device="cpu"), simcse_min.__file__)
     run.release()
     return run.out.absolute()
 
 
 @pytest.fixture(scope="module")
-def module_out_dir(tmp_path_factory):  # as test_ddp.py's two processes: before any test's folder
-    return default_out_dir(tmp_path_factory.mktemp("world"))
+def module_out_dir(tiny_world):  # as test_ddp.py's two processes: before any test's folder
+    return default_out_dir(tiny_world)
 
 
-def test_a_test_runs_away_from_the_checkout_and_the_user_cache(tmp_path, module_out_dir):
+def test_a_test_runs_away_from_the_checkout_and_the_user_cache(world, module_out_dir):
     assert Path.cwd() != ROOT and ROOT not in Path.cwd().parents  # before: the checkout itself
     assert common.CACHE != Path.home() / ".cache" / "simcse-min"
-    assert default_out_dir(tmp_path) == Path.cwd() / "runs" / "simcse"
+    assert default_out_dir(world) == Path.cwd() / "runs" / "simcse"
     assert ROOT not in module_out_dir.parents
 
 
@@ -71,32 +64,13 @@ def test_the_suite_leaves_a_live_run_and_the_user_cache_alone(tmp_path):
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the live run's lock
         done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                               "tests/test_newcomer.py::"
+                               "tests/test_the_suite.py::"
                                "test_a_test_runs_away_from_the_checkout_and_the_user_cache"],
                               cwd=clone, env=env, capture_output=True, text=True, timeout=300)
     finally:
         os.close(fd)
     assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-3000:]  # not skipped
     assert (snapshot(clone / "runs"), snapshot(home)) == before
-
-
-def test_dev_file_with_test_none_needs_no_senteval(tmp_path, monkeypatch):
-    world = make_world(tmp_path)
-    world.pop("generator")
-    rng = random.Random(0)
-    pairs = tmp_path / "pairs.tsv"
-    pairs.write_text("".join(f"{sentence(rng)}\t{sentence(rng)}\t{i % 5}\n" for i in range(16)))
-    monkeypatch.setattr(common, "HF_ENDPOINT", "http://127.0.0.1:9")  # offline
-    monkeypatch.setattr(common, "CACHE", tmp_path / "empty-cache")  # no SentEval anywhere
-
-    def no_download(*args, **kwargs):
-        raise AssertionError("a run that reads no SentEval file fetched senteval.tar")
-    monkeypatch.setattr(common, "download_senteval", no_download)
-    cfg = simcse_min.Config(**{**world, "senteval": ""}, dev_file=str(pairs), test="none",
-                            device="cpu", batch_size=8, max_steps=2, eval_every=1,
-                            out_dir=str(tmp_path / "run"))
-    results = simcse_min.train(cfg)  # before: the download's AssertionError
-    assert results["test"] == {} and len(results["dev_history"]) == 3
 
 
 def test_the_readme_gives_the_test_variables_values_as_ci_sets_them():
@@ -111,52 +85,24 @@ def test_the_readme_gives_the_test_variables_values_as_ci_sets_them():
         assert f"{var}={value.replace('$SHARED', '../shared')} " in lines[0], var
 
 
-@pytest.mark.parametrize("module, flag, owner", [
-    (simcse_min, "--dup_rate", "ESimCSE's: esimcse_min.py"),
-    (simcse_min, "--mask_ratio", "DiffCSE's: diffcse_min.py"),
-    (simcse_min, "--m", "SimCSE++'s: simcsepp_min.py"),
-    (esimcse_min, "--hard_weight", "SimCSE's: simcse_min.py"),
-    (diffcse_min, "--no_off_dropout", "SimCSE++'s: simcsepp_min.py"),
-    (diffcse_min, "--mlm_weight", "SimCSE's: simcse_min.py, ESimCSE's: esimcse_min.py, "
-                                  "SimCSE++'s: simcsepp_min.py"),  # each of them
-])
-def test_a_flag_of_another_method_names_its_file(module, flag, owner, capsys):
-    with pytest.raises(SystemExit) as stop:  # before: "did you mean --data?", or no hint
-        common.parse_args(module.Config, [flag, "0.3"])
-    assert stop.value.code == 2
-    err = capsys.readouterr().err
-    assert err == f"error: unknown flag {flag}; {flag} is {owner} (see --help)\n"
+def test_the_testing_doc_names_every_test_file_once():
+    """docs/testing.md's table of subjects: every tests/**/test_*.py in one row, and each row a file
+    that exists, so the table cannot go stale."""
+    text = (ROOT / "docs" / "testing.md").read_text()
+    table = text.split("## Where each subject is tested")[1].split("\n## ")[0]
+    named = re.findall(r"^\| [^|]+ \| \[`[^`]+`\]\(\.\./tests/(\S+?)\) \| [^|]+ \|$", table, re.M)
+    files = {p.relative_to(ROOT / "tests").as_posix() for p in (ROOT / "tests").rglob("test_*.py")}
+    assert not set(named) - files, f"named but not in tests/: {sorted(set(named) - files)}"
+    assert not files - set(named), f"test files the table leaves out: {sorted(files - set(named))}"
+    assert len(named) == len(set(named)), "a file named twice"
 
 
-def test_a_command_flag_names_no_method(capsys):
-    with pytest.raises(SystemExit):
-        common.cli(["eval", "--model", "m", "--dup_rate", "0.3"])
-    assert capsys.readouterr().err == "error: unknown flag --dup_rate (see --help)\n"
-
-
-@pytest.mark.parametrize("module", METHODS, ids=lambda m: m.__name__)
-def test_every_switch_has_its_no_form(module, capsys):
-    switches = [f for f in common.dataclasses.fields(module.Config) if f.type in (bool, "bool")]
-    assert switches
-    for f in switches:
-        on, off = f"--{f.name}", f"--no_{f.name}"
-        assert getattr(common.parse_args(module.Config, [on]), f.name) is True
-        assert getattr(common.parse_args(module.Config, [off]), f.name) is False  # before: refused
-        assert getattr(common.parse_args(module.Config, [on, "0"]), f.name) is False  # the old form
-        with pytest.raises(SystemExit):
-            common.parse_args(module.Config, [off, "1"])  # --no_X takes no value
-    capsys.readouterr()
-    with pytest.raises(SystemExit):
-        common.parse_args(module.Config, ["--help"])
-    out = capsys.readouterr().out
-    for f in switches:
-        assert f"--{f.name}, --no_{f.name}" in out
-
-
-def test_off_dropout_defaults_on_and_turns_off(capsys):
-    assert common.parse_args(simcsepp_min.Config, ["--no_off_dropout"]).off_dropout is False
-    with pytest.raises(SystemExit):
-        common.parse_args(simcsepp_min.Config, ["--help"])
-    out = " ".join(capsys.readouterr().out.split())
-    assert "--off_dropout, --no_off_dropout negatives from a dropout-off pass" in out
-    assert "(default: on)" in out
+def test_every_test_a_mutant_names_exists():
+    """tests/tools/mutate.py refuses a mutant that names a test file or a test tests/ does not hold
+    (pytest's "not found" fails, which the check would count as a kill); the list holds none."""
+    from mutants import MUTANTS, Mutant
+    from mutate import check
+    check(MUTANTS)
+    for gone in ("test_gone.py", "test_flags.py::test_gone"):
+        with pytest.raises(SystemExit, match=gone):
+            check([Mutant("x", "common.py", "def upcast(x):", "", "", [gone])])

@@ -4,7 +4,7 @@ code | message".
     python tests/tools/bad_inputs.py            # builds a tiny world in a temporary folder; about a
     minute on a CPU
 
-tests/test_inputs.py runs the same cases in-process. Each case: a label, the script ("common":
+tests/test_bad_inputs.py runs the same cases in-process. Each case: a label, the script ("common":
 common.py's command line), its flags, the exit code it must give, whether the run must leave no
 out_dir behind (every refusal before training does), and optionally {"env": variables to set,
 "fsize": a file-size limit in bytes (a full disk), "lock": a run folder whose lock a live run
@@ -897,7 +897,7 @@ def roberta_folder(folder):
 
 def vocab_with_a_token_twice(folder):
     """Two lines of vocab.txt replaced (by a token already there and a blank line), CRLF line
-    endings: the saved folder must keep every line where it was (tests/test_hostile.py checks that
+    endings: the saved folder must keep every line where it was (tests/test_saving.py checks that
     it tokenizes the same)."""
     lines = (folder / "vocab.txt").read_text().splitlines()
     lines[-2:] = [lines[10], ""]
