@@ -9,6 +9,7 @@ CI (SIMCSE_REQUIRE_DATA=1), where a missing path is an error, so nothing is sile
 import contextlib
 import importlib
 import os
+import socket
 import sys
 import types
 from pathlib import Path
@@ -111,6 +112,15 @@ def cli_output(capsys, argv):
     """cli(*argv) -> what it printed on stdout."""
     cli(*argv)
     return capsys.readouterr().out
+
+
+def nowhere():
+    """http://127.0.0.1:PORT where nothing listens (a port just freed): a hub that is offline."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"http://127.0.0.1:{port}"
 
 
 def one_line(capsys, argv, main=common.cli):

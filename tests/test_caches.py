@@ -5,11 +5,11 @@ is fetched once into the cache from the stand-in hub (its bytes the hub's), and 
 leaves no empty folder and names the flag."""
 import hashlib
 import os
-import socket
 
 import pytest
 
 import common
+from conftest import nowhere
 
 
 def hf_cache_snapshot(hub_cache, name, files):
@@ -87,11 +87,7 @@ def test_wiki1m_resolves_to_the_simcse_corpus_once(hub, tmp_path, monkeypatch, c
 @pytest.mark.parametrize("name, flag", [("bert-base-uncased", "--model"),
                                         ("distilbert-base-uncased", "--generator")])
 def test_failed_download_leaves_no_empty_cache_folder(name, flag, tmp_path, monkeypatch):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()  # nothing listens there now
-    monkeypatch.setattr(common, "HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setattr(common, "HF_ENDPOINT", nowhere())
     monkeypatch.setattr(common, "CACHE", tmp_path / "cache")
     # no snapshot of a real download either
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))

@@ -18,7 +18,8 @@ import torch
 import torch.multiprocessing as mp
 
 import common
-from ddp_world import METHODS, Masks, diffcse_config, free_port, run_method, tolerance, worker
+from ddp_world import (METHODS, Masks, assert_same_states, diffcse_config, free_port, run_method,
+                       worker)
 
 
 @pytest.fixture(scope="module")
@@ -74,10 +75,7 @@ def test_two_processes_chunked_match_one_unchunked(method, two_processes):
     syncs, unchunked_syncs = (r[2]["syncs"]["per_step"].tolist() for r in
                               (two_processes["chunked"][method], two_processes[method]))
     assert syncs[:len(unchunked_syncs)] == unchunked_syncs and len(set(syncs[1:])) == 1  # a step
-    for module, state in states.items():
-        for name, t in state.items():
-            torch.testing.assert_close(states2[module][name], t, rtol=0, atol=tolerance(name),
-                                       msg=f"{module}.{name}")
+    assert_same_states(states2, states)
 
 
 def test_batch_not_divisible_by_processes_is_a_user_error(two_processes):

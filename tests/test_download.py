@@ -4,12 +4,11 @@ size stated in the hub's own answer only; the CDN's ETag is no SHA-256; a rename
 redirects relatively; errors carry X-Error-Code. Every known model name fetches files its repository
 really holds, and the Hugging Face cache is used in place."""
 import re
-import socket
 
 import pytest
 
 import common
-from conftest import LARGE, one_file_hub, same_bytes, url
+from conftest import LARGE, nowhere, one_file_hub, same_bytes, url
 from fixtures import hub_facts as facts
 from stand_in_hub import StandInHub
 
@@ -119,13 +118,8 @@ def test_hub_errors_are_one_line_naming_the_cause(path, expected, tmp_path):
 
 
 def test_offline_message(tmp_path):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()  # nothing listens there now
     with pytest.raises(common.UserError, match="offline"):
-        common.download(f"http://127.0.0.1:{port}/m/resolve/main/config.json",
-                        tmp_path / "config.json")
+        common.download(f"{nowhere()}/m/resolve/main/config.json", tmp_path / "config.json")
 
 
 @pytest.mark.parametrize("name", list(common.KNOWN_MODELS))

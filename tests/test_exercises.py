@@ -8,14 +8,12 @@ import ast
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 import exercise
+from conftest import ROOT
 from mutants import MUTANTS
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,10 @@ generated from the code (tests/tools/guarantees.py), and Run one job: the run's 
 120 lines. The oracle: tests/tools/packing.py's counts (each idiom planted and found) and the
 generated map."""
 import ast
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "tools"))
-import guarantees  # noqa: E402
-import packing  # noqa: E402
+import guarantees
+import packing
+from conftest import ROOT
 
 SOURCE = (ROOT / "common.py").read_text(encoding="utf-8")
 RUN_LIMIT = 120  # [issue 39: "Run with one job per method"]

@@ -13,16 +13,14 @@ import pytest
 
 import common
 import simcse_min
-from conftest import ROOT
+from conftest import ROOT, help_text
 from tiny_world import sentence, tokenizer
 
 FILES = ["common.py", "simcse_min.py", "esimcse_min.py", "simcsepp_min.py", "diffcse_min.py"]
 
 
 def test_chunk_size_says_its_step_is_exact_for_the_masks_drawn(capsys):
-    with pytest.raises(SystemExit):
-        common.parse_args(simcse_min.Config, ["--help"])
-    out = " ".join(capsys.readouterr().out.split())
+    out = " ".join(help_text(capsys, common.parse_args, simcse_min.Config, ["--help"]).split())
     assert "the whole batch's step, other dropout masks" in out
     doc = " ".join((ROOT / "docs" / "large-batches.md").read_text().split())
     assert "exact step, for the dropout masks drawn" in doc and "same distribution" in doc

@@ -14,10 +14,9 @@ import pytest
 
 import common
 import simcse_min
-from conftest import ROOT, cli_output, one_line, tiny_config
+from conftest import FIXTURES, ROOT, cli_output, one_line, tiny_config
 from tiny_world import seeded_run_folder, sentence, stsb_dev
 
-FIXTURES = common.Path(__file__).parent / "fixtures"
 
 
 def write_lines(path, lines):
