@@ -71,7 +71,7 @@ def write_transfer_folders(root, n=30, seed=0):
 
 
 def test_eval_prints_the_sts_and_transfer_tables(world, tmp_path, capsys):
-    world["senteval"] = shutil.copytree(world["senteval"], tmp_path / "senteval")
+    world["senteval"] = str(shutil.copytree(world["senteval"], tmp_path / "senteval"))
     write_transfer_folders(tmp_path / "senteval")
     out = tmp_path / "scores.json"
     results = common.cli(["eval", "--model", world["model"], "--senteval", world["senteval"],
