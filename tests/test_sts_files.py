@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import common
-from test_sts import OFFICIAL_AVG, ROOT, slice_senteval, write
+from conftest import ROOT
+from test_sts import OFFICIAL_AVG, slice_senteval, write
 from tiny_world import stsb_dev
 
 
