@@ -52,7 +52,7 @@ def same_bytes(a, b):
     return a == b
 
 
-# --- the tiny world ---------------------------------------------------------------------------
+# --- the tiny world -------------------------------------------------------------------------------
 
 def fingerprint(folder):
     """{path: (size, mode, mtime)} of everything under folder: any write, removal, new file or
@@ -141,7 +141,7 @@ def help_text(capsys, entry, *argv):
     return capsys.readouterr().out
 
 
-# --- the stand-in hub ----------------------------------------------------------------------------
+# --- the stand-in hub -----------------------------------------------------------------------------
 
 LARGE = "org/model/model.safetensors"  # the download tests' one large file
 
@@ -232,4 +232,3 @@ def no_temporary_folders_left(tmp_path_factory):
         link.unlink()
     with contextlib.suppress(OSError):
         base.parent.rmdir()  # pytest-of-<user>, once empty
-
