@@ -1,12 +1,17 @@
-"""Shared test fixtures: the real checkpoint and data in ../shared, found through environment
-variables.
+"""What the tests share, each once: the real checkpoint and data in ../shared, found through
+environment variables; one tiny world, built once a session; the stand-in hub; and the helpers
+every subject uses (a cosine, the command line in this process, its one-line error, a run's
+Config on the tiny world).
 
-A test that needs them is skipped with a reason when they are not set, except in CI
-(SIMCSE_REQUIRE_DATA=1), where a missing path is an error, so nothing is silently skipped there.
+A test that needs the real data is skipped with a reason when its variable is not set, except in
+CI (SIMCSE_REQUIRE_DATA=1), where a missing path is an error, so nothing is silently skipped there.
 """
 import contextlib
+import importlib
 import os
+import socket
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -25,7 +30,11 @@ for _var in ("SIMCSE_TEST_MODEL", "SIMCSE_SENTEVAL", "SIMCSE_TEST_DATA"):
 sys.path.insert(0, str(ROOT))
 # scripts the tests also import (bad_inputs, make_generator)
 sys.path.insert(1, str(ROOT / "tests" / "tools"))
+# the benchmarks the tests check the arithmetic of (bench.py)
+sys.path.insert(2, str(ROOT / "tests" / "tools" / "bench"))
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+import common  # noqa: E402  (after SIMCSE_CACHE is set: common reads it on import)
+from tiny_world import make_world  # noqa: E402
 
 
 def _shared_path(var):
@@ -42,6 +51,114 @@ def same_bytes(a, b):
     failure (under CI=true pytest diffs them in full: minutes for a model file)."""
     return a == b
 
+
+# --- the tiny world -------------------------------------------------------------------------------
+
+def fingerprint(folder):
+    """{path: (size, mode, mtime)} of everything under folder: any write, removal, new file or
+    chmod changes it (a stat a file, no reading: cheap enough for every test)."""
+    stats = {str(p.relative_to(folder)): p.lstat() for p in Path(folder).rglob("*")}
+    return {path: (st.st_size, st.st_mode, st.st_mtime_ns) for path, st in stats.items()}
+
+
+@pytest.fixture(scope="session")
+def tiny_world(tmp_path_factory):
+    """tiny_world.make_world, built once a session: a 2-layer BERT with BERT's pooler (as
+    bert-base-uncased and every released checkpoint [issue 57]), DiffCSE's generator with its MLM
+    head, 48 training sentences and a SentEval folder. Read-only: the mapping cannot be changed,
+    and the files must end as they were built (a test that changes one works on a copy in its
+    tmp_path)."""
+    root = tmp_path_factory.mktemp("tiny-world")
+    paths = make_world(root, pooler=True)
+    built = fingerprint(root)
+    yield types.MappingProxyType(paths)
+    assert fingerprint(root) == built, "a test changed the shared tiny world's files"
+
+
+@pytest.fixture
+def world(tiny_world):
+    """The tiny world's paths for one test (model, generator, data, senteval), a dict of its own;
+    after the test, its files are checked: a test that changed one fails here, by name."""
+    built = fingerprint(Path(tiny_world["data"]).parent)
+    yield dict(tiny_world)
+    assert fingerprint(Path(tiny_world["data"]).parent) == built, \
+        "this test changed the shared tiny world's files: copy them to tmp_path first"
+
+
+def tiny_config(method, world, out_dir, **kw):
+    """METHOD's (a name or a module) Config on the tiny world: the CPU, batches of 8, 2 steps with a
+    dev evaluation at each, DiffCSE's generator for DiffCSE alone; kw sets the rest."""
+    module = importlib.import_module(f"{method}_min") if isinstance(method, str) else method
+    paths = {k: v for k, v in world.items()
+             if k != "generator" or module.__name__ == "diffcse_min"}
+    return module.Config(**{"device": "cpu", "batch_size": 8, "max_steps": 2, "eval_every": 1,
+                            "out_dir": str(out_dir), **paths, **kw})
+
+
+# --- helpers --------------------------------------------------------------------------------------
+
+def cos(a, b):
+    """The cosine of two vectors as the papers write sim(a, b): the loss oracles' own."""
+    return (a @ b) / (a.norm() * b.norm())
+
+
+def cli(*argv):
+    """`python common.py ARGV... --device cpu`, in this process as main_guard runs it: -> what the
+    command returns (what it prints stays in capsys)."""
+    return common.main_guard(common.cli, [*argv, "--device", "cpu"])
+
+
+def cli_output(capsys, argv):
+    """cli(*argv) -> what it printed on stdout."""
+    cli(*argv)
+    return capsys.readouterr().out
+
+
+def nowhere():
+    """http://127.0.0.1:PORT where nothing listens (a port just freed): a hub that is offline."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return f"http://127.0.0.1:{port}"
+
+
+def one_line(capsys, argv, main=common.cli):
+    """main(argv) as main_guard runs it (default: common.py's command line) must stop with exit
+    status 2 and one stderr line, "error: ..." -> that line."""
+    with pytest.raises(SystemExit) as e:
+        common.main_guard(main, argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("error: "), err
+    return err.strip()
+
+
+def help_text(capsys, entry, *argv):
+    """entry(*argv) must print its --help and exit 0 -> the help."""
+    with pytest.raises(SystemExit) as e:
+        entry(*argv)
+    assert e.value.code == 0
+    return capsys.readouterr().out
+
+
+# --- the stand-in hub -----------------------------------------------------------------------------
+
+LARGE = "org/model/model.safetensors"  # the download tests' one large file
+
+
+def one_file_hub(blob, small=None, **modes):
+    """The stand-in hub holding org/model's model.safetensors = blob as a large (LFS) file, and the
+    small files {path: bytes} given: the download tests' repository (modes: StandInHub's)."""
+    from stand_in_hub import StandInHub
+    return StandInHub({LARGE: blob, **(small or {})}, lfs={LARGE}, **modes)
+
+
+def url(hub, file="model.safetensors"):
+    """org/model's FILE on the stand-in hub, as common.download asks for it."""
+    return f"{hub.url}/org/model/resolve/main/{file}"
+
+
+# --- the real checkpoint and data -----------------------------------------------------------------
 
 @pytest.fixture(scope="session")
 def model_dir():

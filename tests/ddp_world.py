@@ -31,6 +31,14 @@ def tolerance(name):
     return 1e-11 if name.endswith(NOISE_ONLY) else 1e-12
 
 
+def assert_same_states(got, want):
+    """Every tensor of each module's state in got equals want's, to its tolerance."""
+    for module, state in want.items():
+        for name, t in state.items():
+            torch.testing.assert_close(got[module][name], t, rtol=0, atol=tolerance(name),
+                                       msg=f"{module}.{name}")
+
+
 def batches(tok, columns, batch=B, steps=STEPS):
     """`steps` global batches of `batch` rows x columns sentences: ids, mask [B, C, L], lengths
     varying (padding)."""

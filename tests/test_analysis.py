@@ -13,7 +13,8 @@ import torch
 
 import common
 import simcse_min
-from tiny_world import make_model, make_senteval, make_world, stsb_dev, tokenizer
+from conftest import ROOT, tiny_config
+from tiny_world import make_model, make_senteval, stsb_dev, tokenizer
 
 SVG_NS = "{http://www.w3.org/2000/svg}"
 
@@ -124,13 +125,10 @@ def test_dev_set_align_uniform_matches_analyze_model_on_dev(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tiny_world, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("analysis")
-    world = make_world(tmp)
-    cfg = simcse_min.Config(device="cpu", batch_size=8, max_steps=2, eval_every=1,
-                            out_dir=str(tmp / "run"),
-                            model=world["model"], data=world["data"], senteval=world["senteval"])
-    return world, tmp / "run", simcse_min.train(cfg)
+    cfg = tiny_config(simcse_min, tiny_world, tmp / "run")
+    return tiny_world, tmp / "run", simcse_min.train(cfg)
 
 
 def test_training_logs_alignment_and_uniformity_at_every_evaluation(trained):
@@ -177,3 +175,7 @@ def test_analyze_bad_runs_file_is_a_one_line_error(tmp_path, capsys):
                                        str(tmp_path / "out")])
     assert e.value.code == 2 and "not a finished training run" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_analysis_output_is_ignored_by_git():
+    assert "analysis/" in (ROOT / ".gitignore").read_text().split()

@@ -1,5 +1,6 @@
-"""The arithmetic of tests/tools/bench.py: GPU peaks by name, MFU, the epoch projection from the
-evaluations a run makes, the matmul parameter count, and the GPU report's lines."""
+"""The arithmetic of tests/tools/bench/bench.py: GPU peaks by name, MFU, the epoch projection from
+the evaluations a run makes, the matmul parameter count, and the GPU report's lines. The oracle:
+the numbers worked by hand from the vendors' data sheets and the run's evaluation schedule."""
 import pytest
 import torch
 

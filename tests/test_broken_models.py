@@ -3,21 +3,25 @@ encode_sentences, so eval (STS and transfer), encode and search refuse them befo
 transfer labels are checked against each task's classes as SentEval's files hold them (binary 0/1,
 TREC's six) before any fit; files too small for the folds are one line naming the task and the
 count; a refs/main that is not UTF-8 in the Hugging Face cache is passed over."""
+import shutil
+
 import pytest
 import torch
 
 import common
 from test_transfer import write_transfer_folders
-from tiny_world import make_world, tokenizer
+from tiny_world import tokenizer
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def world(tiny_world, tmp_path_factory):
+    """The tiny world, its SentEval folder copied with the transfer tasks' beside the STS files,
+    and a corpus."""
     tmp = tmp_path_factory.mktemp("broken-models")
-    world = make_world(tmp)
+    shutil.copytree(tiny_world["senteval"], tmp / "senteval")
     write_transfer_folders(tmp / "senteval")
     (tmp / "corpus.txt").write_text("a man plays .\na dog runs .\n")
-    return world | {"tmp": tmp}
+    return dict(tiny_world) | {"senteval": str(tmp / "senteval"), "tmp": tmp}
 
 
 @pytest.fixture(scope="module", params=[float("nan"), float("inf")], ids=["nan", "inf"])

@@ -18,15 +18,15 @@ import torch
 import torch.multiprocessing as mp
 
 import common
-from ddp_world import METHODS, Masks, diffcse_config, free_port, run_method, tolerance, worker
-from tiny_world import make_world
+from ddp_world import (METHODS, Masks, assert_same_states, diffcse_config, free_port, run_method,
+                       worker)
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    """train() settings on the tiny world, dropout 0; a checkpoint at step 2 of 3."""
-    tmp = tmp_path_factory.mktemp("ddp")
-    world = make_world(tmp, pooler=True)  # as bert-base-uncased and the released ones [issue 57]
+def tiny_run(tiny_world, tmp_path_factory):
+    """train() settings on the tiny world (its model has BERT's pooler, as bert-base-uncased and the
+    released ones [issue 57]), dropout 0; a checkpoint at step 2 of 3."""
+    tmp, world = tmp_path_factory.mktemp("ddp"), tiny_world
     return tmp, dict(model=world["model"], data=world["data"], senteval=world["senteval"],
                      device="cpu",
                      batch_size=8, max_steps=3, eval_every=1, save_every=2, dropout=0.0)
@@ -75,10 +75,7 @@ def test_two_processes_chunked_match_one_unchunked(method, two_processes):
     syncs, unchunked_syncs = (r[2]["syncs"]["per_step"].tolist() for r in
                               (two_processes["chunked"][method], two_processes[method]))
     assert syncs[:len(unchunked_syncs)] == unchunked_syncs and len(set(syncs[1:])) == 1  # a step
-    for module, state in states.items():
-        for name, t in state.items():
-            torch.testing.assert_close(states2[module][name], t, rtol=0, atol=tolerance(name),
-                                       msg=f"{module}.{name}")
+    assert_same_states(states2, states)
 
 
 def test_batch_not_divisible_by_processes_is_a_user_error(two_processes):

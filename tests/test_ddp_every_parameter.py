@@ -3,14 +3,15 @@ parameters a gradient at every step, or DDP stops the run at the next one [issue
 discriminator carried the checkpoint's pooler]. Checked in one process on a checkpoint that carries
 BERT's pooler, as bert-base-uncased and every released model do: Run.ddp records what it would wrap,
 and one real step of each method's train() is inspected between backward and the optimizer. An
-option that adds a module (or leaves a part idle) is covered as soon as train() wraps it."""
+option that adds a module (or leaves a part idle) is covered as soon as train() wraps it. The
+oracle: each wrapped parameter's .grad after a real backward."""
 import importlib
 
 import pytest
 import torch
 
 import common
-from tiny_world import make_world
+from conftest import tiny_config
 
 METHODS = ["simcse", "esimcse", "simcsepp", "diffcse"]
 # the message DDP's reducer raises at the step after an unused parameter [torch reducer.cpp,
@@ -23,12 +24,9 @@ REDUCER_ERROR = ("Expected to have finished reduction in the prior iteration bef
                  "\n In addition, you can set the environment variable TORCH_DISTRIBUTED_DEBUG ...")
 
 
-def params_without_gradient(method, tmp_path, monkeypatch):
+def params_without_gradient(method, world, tmp_path, monkeypatch):
     """{wrapped module's class: [its parameters without a gradient]} after train()'s first step."""
     module = importlib.import_module(f"{method}_min")
-    world = make_world(tmp_path, pooler=True)
-    if method != "diffcse":
-        del world["generator"]
     wrapped, unused = [], {}
 
     def ddp(run, m):  # what Run.ddp would wrap under torchrun
@@ -44,24 +42,24 @@ def params_without_gradient(method, tmp_path, monkeypatch):
 
     monkeypatch.setattr(common.Run, "ddp", ddp)
     monkeypatch.setattr(module, "optimizer_step", step)
-    module.train(module.Config(**world, device="cpu", batch_size=8, max_steps=1, eval_every=100,
-                               test="none", out_dir=str(tmp_path / "out")))
+    module.train(tiny_config(module, world, tmp_path / "out", max_steps=1, eval_every=100,
+                             test="none"))
     return unused
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_every_wrapped_parameter_gets_a_gradient(method, tmp_path, monkeypatch):
-    unused = params_without_gradient(method, tmp_path, monkeypatch)
+def test_every_wrapped_parameter_gets_a_gradient(method, world, tmp_path, monkeypatch):
+    unused = params_without_gradient(method, world, tmp_path, monkeypatch)
     assert "Bert" in unused  # the encoder, with the method's head as its pooler
     if method == "diffcse":
         assert "Discriminator" in unused  # a second BERT, wrapped on its own
     assert unused == {name: [] for name in unused}
 
 
-def test_the_discriminator_drops_the_checkpoints_pooler(tmp_path):
+def test_the_discriminator_drops_the_checkpoints_pooler(world):
     """The pooler is gone, the embeddings and layers are the checkpoint's."""
     diffcse_min = importlib.import_module("diffcse_min")
-    folder = make_world(tmp_path, pooler=True)["model"]
+    folder = world["model"]
     bert = common.Bert.from_pretrained(folder)
     assert bert.pooler is not None
     disc = diffcse_min.Discriminator(common.Bert.from_pretrained(folder))

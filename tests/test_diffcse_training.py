@@ -1,6 +1,7 @@
 """DiffCSE in training: the RTD gradient reaches the encoder through the projector, the generator
 stays frozen over a step, and a generator without an MLM head or with another vocabulary is
-refused."""
+refused. The oracles: the encoder's gradient with and without the RTD term, and the generator's
+weights before and after a step."""
 import copy
 
 import pytest

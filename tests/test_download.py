@@ -3,17 +3,16 @@ to answer (fixtures/hub_facts.py): a large file is a 302 to a CDN on another hos
 size stated in the hub's own answer only; the CDN's ETag is no SHA-256; a renamed repository
 redirects relatively; errors carry X-Error-Code. Every known model name fetches files its repository
 really holds, and the Hugging Face cache is used in place."""
-import socket
+import re
 
 import pytest
 
 import common
-from conftest import same_bytes
+from conftest import LARGE, nowhere, one_file_hub, same_bytes, url
 from fixtures import hub_facts as facts
 from stand_in_hub import StandInHub
 
 BLOB = bytes(range(256)) * 4000  # 1,024,000 bytes: more than one 1 MiB read chunk
-NAME = "org/model/model.safetensors"
 TAR = "datasets/princeton-nlp/datasets-for-simcse/senteval.tar"
 
 
@@ -21,12 +20,8 @@ TAR = "datasets/princeton-nlp/datasets-for-simcse/senteval.tar"
 def blob_hub():
     """The stand-in hub holding one large (LFS) file, org/model/model.safetensors, and a small
     one."""
-    with StandInHub({NAME: BLOB, "org/model/config.json": b'{"a": 1}'}, lfs={NAME}) as h:
+    with one_file_hub(BLOB, {"org/model/config.json": b'{"a": 1}'}) as h:
         yield h
-
-
-def url(hub, file="model.safetensors"):
-    return f"{hub.url}/org/model/resolve/main/{file}"
 
 
 def test_large_file_via_the_cdn_checked_against_the_hubs_sha256(blob_hub, tmp_path, capsys,
@@ -99,7 +94,7 @@ def test_the_cdns_etag_is_never_taken_for_a_sha256(blob_hub, tmp_path):
     """The CDN's ETag is 64 hex digits (the Xet hash) but not the SHA-256 [hub_facts.CDN_FILE];
     where the hub states no X-Linked-Etag there is nothing to check, and the file is not called
     corrupt."""
-    blob_hub.unstated.add(NAME)
+    blob_hub.unstated.add(LARGE)
     dest = common.download(url(blob_hub), tmp_path / "model.safetensors")
     assert same_bytes(dest.read_bytes(), BLOB)
 
@@ -116,20 +111,15 @@ def test_a_small_files_git_sha1_etag_is_not_a_checksum(blob_hub, tmp_path):
     ("org/missing/resolve/main/config.json", "HTTP 401.*RepoNotFound"),
     ("org/gated/resolve/main/config.json", "HTTP 403.*GatedRepo.*huggingface-cli download")])
 def test_hub_errors_are_one_line_naming_the_cause(path, expected, tmp_path):
-    with StandInHub({NAME: BLOB, "org/model/config.json": b"{}"}, gated={"org/gated"}) as hub:
+    with StandInHub({LARGE: BLOB, "org/model/config.json": b"{}"}, gated={"org/gated"}) as hub:
         with pytest.raises(common.UserError, match=expected):
             common.download(f"{hub.url}/{path}", tmp_path / "x" / "f")
     assert not (tmp_path / "x").exists()
 
 
 def test_offline_message(tmp_path):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()  # nothing listens there now
     with pytest.raises(common.UserError, match="offline"):
-        common.download(f"http://127.0.0.1:{port}/m/resolve/main/config.json",
-                        tmp_path / "config.json")
+        common.download(f"{nowhere()}/m/resolve/main/config.json", tmp_path / "config.json")
 
 
 @pytest.mark.parametrize("name", list(common.KNOWN_MODELS))
@@ -159,3 +149,16 @@ def test_every_known_name_fetches_files_its_repository_holds(name, hub):
     n = len(hub.requests)
     common.Bert.from_pretrained(name, mlm_head=kind is not None)
     assert len(hub.requests) == n
+
+
+@pytest.mark.parametrize("what", ["wiki1m_for_simcse.txt", "senteval", "bert-base-uncased"])
+def test_download_offline_names_no_flag_it_does_not_have(what, tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(common, "CACHE", tmp_path / "c")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(common.UserError) as e:
+        common.cli(["download", what])
+    err = str(e.value)
+    assert "offline" in err and not re.search(r"\s--[a-z]",
+                                              err) and f"put it at {tmp_path / 'c'}" in err, err

@@ -9,21 +9,15 @@ import threading
 import pytest
 
 import common
-from conftest import same_bytes
-from stand_in_hub import StandInHub
+from conftest import one_file_hub, same_bytes, url
 
 BLOB = bytes(range(256)) * 400  # 102,400 bytes
-NAME = "org/model/model.safetensors"
 
 
 @pytest.fixture
 def hub():
-    with StandInHub({NAME: BLOB}, lfs={NAME}) as h:
+    with one_file_hub(BLOB) as h:
         yield h
-
-
-def url(hub):
-    return f"{hub.url}/org/model/resolve/main/model.safetensors"
 
 
 @pytest.mark.parametrize("location", ["file:///etc/passwd", "data:,not-a-model",

@@ -12,21 +12,16 @@ import time
 import pytest
 
 import common
-from stand_in_hub import StandInHub
+from conftest import one_file_hub, url
 
 BLOB = bytes(range(256)) * 256  # 65,536 bytes
-NAME = "org/model/model.safetensors"
 
 
 @pytest.fixture
 def slow_hub():
-    with StandInHub({NAME: BLOB}, lfs={NAME}) as hub:
+    with one_file_hub(BLOB) as hub:
         hub.slow = (4096, 0.002)  # 16 pieces, about 40 ms a download: the others start meanwhile
         yield hub
-
-
-def url(hub):
-    return f"{hub.url}/org/model/resolve/main/model.safetensors"
 
 
 def one_download(address, dest, delay):

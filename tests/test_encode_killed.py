@@ -1,7 +1,8 @@
 """An encode killed at any moment over an existing good pair (issue 52): search works with the old
 pair or the new, never neither, and no temporary remains. The children are forked: each sets one
 thread first (libgomp's threads of the parent are gone in a forked child: an OpenMP region there
-waits for ever), and the parent waits for them with a deadline, never for ever."""
+waits for ever), and the parent waits for them with a deadline, never for ever. The oracle: the pair
+on disk after each kill, read by search."""
 import json
 import os
 import random
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 import common
-from test_encode_pairs import encode, search, world  # noqa: F401 (world: the fixture)
+from test_encode_pairs import encode, search
 
 
 def waited(pid, seconds=120):

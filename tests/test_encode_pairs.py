@@ -11,24 +11,8 @@ import numpy as np
 import pytest
 
 import common
-from tiny_world import make_world, sentence
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return make_world(tmp_path_factory.mktemp("encode-pairs"))
-
-
-def cli(*argv):
-    return common.main_guard(common.cli, [*argv, "--device", "cpu"])
-
-
-def refused(capsys, *argv):
-    with pytest.raises(SystemExit) as e:
-        cli(*argv)
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and err.count("\n") == 1, err
-    return err
+from conftest import cli, one_line
+from tiny_world import sentence
 
 
 def corpus(tmp_path, n=3, name="c.txt"):
@@ -50,28 +34,29 @@ def search(world, tmp_path, pooler="cls_before_pooler"):
 
 def test_every_output_is_named_and_owned(world, tmp_path, capsys):
     (tmp_path / "package.json").write_text('{"name": "mine"}')  # not encode's: kept
-    assert "was not written by encode" in refused(
-        capsys, "encode", "--model", world["model"], "--input", corpus(tmp_path), "--out",
-        str(tmp_path / "package.npy"))
+    assert "was not written by encode" in one_line(
+        capsys, ["encode", "--model", world["model"], "--input", corpus(tmp_path), "--out",
+                 str(tmp_path / "package.npy"), "--device", "cpu"])
     assert (tmp_path / "package.json").read_text() == '{"name": "mine"}'
     model = common.Path(world["model"])
     for out in (model / "special_tokens_map.npy", model / "1_Pooling" / "config.npy",
                 common.Path(world["senteval"]) / "STS" / "v.npy", "/dev/null"):
-        assert "--out" in refused(capsys, "encode", "--model", world["model"], "--input",
-                                  corpus(tmp_path), "--out", str(out))
+        assert "--out" in one_line(capsys, ["encode", "--model", world["model"], "--input",
+                                            corpus(tmp_path), "--out", str(out), "--device", "cpu"])
     assert os.path.exists("/dev/null") and not os.path.isfile("/dev/null")
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text("a man\ta person\t4\na dog\ta cat\t1\nthe sun\ta car\t0\n")
     before = pairs.read_text()
     for out in (pairs, common.Path(world["senteval"]) / "STS" / "r.json", model / "modules.json"):
-        refused(capsys, "eval", "--model", world["model"], "--sts_file", str(pairs), "--json",
-                str(out))
+        one_line(capsys, ["eval", "--model", world["model"], "--sts_file", str(pairs), "--json",
+                          str(out), "--device", "cpu"])
     assert pairs.read_text() == before
     (tmp_path / "target.json").write_text("{}")  # a link to a file: refused, never replaced
     (tmp_path / "link.json").symlink_to(tmp_path / "target.json")
-    assert "not a regular file" in refused(capsys, "eval", "--model", world["model"],
-                                           "--sts_file", str(pairs), "--json",
-                                           str(tmp_path / "link.json"))
+    assert "not a regular file" in one_line(capsys, ["eval", "--model", world["model"],
+                                                     "--sts_file", str(pairs), "--json",
+                                                     str(tmp_path / "link.json"), "--device",
+                                                     "cpu"])
     assert (tmp_path / "link.json").is_symlink()
 
 
@@ -95,10 +80,9 @@ def test_search_believes_only_what_it_checks(world, tmp_path, capsys):
     good = (tmp_path / "v.npy").read_bytes()
     encode(world, tmp_path, "--pooler", "avg")  # the same shape, another pooler: copied over
     (tmp_path / "v.npy").write_bytes(good)
-    assert "does not describe it" in refused(capsys, "search", "--model", world["model"],
-                                             "--corpus", str(tmp_path / "c.txt"), "--vectors",
-                                             str(tmp_path / "v.npy"), "--query", "a", "--pooler",
-                                             "avg")
+    assert "does not describe it" in one_line(capsys, [
+        "search", "--model", world["model"], "--corpus", str(tmp_path / "c.txt"), "--vectors",
+        str(tmp_path / "v.npy"), "--query", "a", "--pooler", "avg", "--device", "cpu"])
     about = json.loads((tmp_path / "v.json").read_text())
     for bad, why in ((np.full((3, 32), np.nan, "<f4"), "NaN"),
                      (np.zeros((2, 32), "<f4"), "(2, 32)"), (np.zeros((3, 32), "<f8"), "float64"),
@@ -107,9 +91,9 @@ def test_search_believes_only_what_it_checks(world, tmp_path, capsys):
         seen = {"npy_bytes": os.path.getsize(tmp_path / "v.npy"),
                 "npy_sha256": common.sha256_file(tmp_path / "v.npy")}
         (tmp_path / "v.json").write_text(json.dumps({**about, **seen}))
-        err = refused(capsys, "search", "--model", world["model"], "--corpus",
-                      str(tmp_path / "c.txt"), "--vectors", str(tmp_path / "v.npy"), "--query",
-                      "a", "--pooler", "avg")
+        err = one_line(capsys, ["search", "--model", world["model"], "--corpus",
+                                str(tmp_path / "c.txt"), "--vectors", str(tmp_path / "v.npy"),
+                                "--query", "a", "--pooler", "avg", "--device", "cpu"])
         assert why in err and "allow_pickle" not in err, err
 
 
@@ -117,9 +101,9 @@ def test_encode_takes_the_lock_the_other_writers_take(world, tmp_path, capsys):
     encode(world, tmp_path)
     held = common.lock_folder(tmp_path)  # as a second encode (or a run) there would hold it
     try:
-        assert "in use by another run or encode" in refused(
-            capsys, "encode", "--model", world["model"], "--input", str(tmp_path / "c.txt"),
-            "--out", str(tmp_path / "v.npy"), "--pooler", "avg")
+        assert "in use by another run or encode" in one_line(
+            capsys, ["encode", "--model", world["model"], "--input", str(tmp_path / "c.txt"),
+                     "--out", str(tmp_path / "v.npy"), "--pooler", "avg", "--device", "cpu"])
     finally:
         os.close(held)
     search(world, tmp_path)

@@ -11,16 +11,14 @@ import torch
 
 import common
 import simcse_min
+from conftest import cos
 from esimcse_min import (Config, MLPHead, info_nce_with_queue, loss_fn, make_views,
                          momentum_encoder,
                          momentum_update, repeat_subwords, train, train_step)
-from tiny_world import make_world, sentence, tokenizer
+from tiny_world import sentence, tokenizer
 
 CLS, SEP = 2, 3  # tiny_world's vocabulary: [PAD] 0, [UNK] 1, [CLS] 2, [SEP] 3, [MASK] 4
 
-
-def cos(a, b):
-    return (a @ b) / (a.norm() * b.norm())
 
 
 def info_nce_with_queue_loop(h1, h2, queue, temp):
@@ -181,8 +179,7 @@ def test_no_repetition_and_no_queue_is_simcse():
     assert torch.equal(ours, theirs)
 
 
-def test_train_end_to_end_on_tiny_world_and_rejects_csv(tmp_path):
-    world = make_world(tmp_path)
+def test_train_end_to_end_on_tiny_world_and_rejects_csv(world, tmp_path):
     cfg = Config(model=world["model"], data=world["data"], senteval=world["senteval"], device="cpu",
                  batch_size=8,
                  epochs=2, eval_every=4, queue_size=12, out_dir=str(tmp_path / "out"))

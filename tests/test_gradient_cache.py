@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import common
-from ddp_world import METHODS, Masks, no_dropout_bert, run_method, tolerance
+from ddp_world import METHODS, Masks, assert_same_states, no_dropout_bert, run_method
 from tiny_world import sentence, tokenizer
 
 @pytest.mark.parametrize("method", METHODS)
@@ -27,10 +27,7 @@ def test_chunked_steps_are_the_unchunked_steps_with_the_same_masks(method):
     assert not any(masks.saved.values())  # every recorded mask replayed: the same masks
     assert losses == pytest.approx(losses0, abs=1e-12, rel=0)
     assert losses[0] != pytest.approx(losses[-1], abs=1e-3)  # the steps moved the weights
-    for module, state in states0.items():
-        for name, t in state.items():
-            torch.testing.assert_close(states[module][name], t, rtol=0, atol=tolerance(name),
-                                       msg=f"{module}.{name}")
+    assert_same_states(states, states0)
 
 
 def sentences(n):

@@ -1,7 +1,8 @@
 """The GPU path without a GPU [issue 30]: a training step never reads a value back from the device
 (run on the meta device, where any such read fails), a non-finite loss is noted on the device and
 read every 10 steps, torchrun's ranks agree on signals every 10 steps, fp16 counts skipped steps
-without reading the scale, SimCSE++ compiles static graphs only, and uniformity is one matmul."""
+without reading the scale, SimCSE++ compiles static graphs only, and uniformity is one matmul. The
+oracle: the meta device, where reading a value back fails, and the counts of device reads."""
 import collections
 import contextlib
 import importlib

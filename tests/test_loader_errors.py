@@ -1,5 +1,6 @@
 """Loader errors, each a CheckpointError with a clear message; the command line's one-line error for
-a broken checkpoint; the import purity of common.py."""
+a broken checkpoint; the import purity of common.py. The oracle: broken folders written by hand,
+each naming its cause."""
 import collections
 import json
 import os
@@ -14,6 +15,7 @@ import common
 from common import Bert, CheckpointError
 from conftest import ROOT
 from test_checkpoints import CFG, legacy_checkpoint, write_folder
+from tiny_world import make_model
 
 
 # ---- loader errors: each a CheckpointError with a clear message ----------------------------------
@@ -180,3 +182,27 @@ def test_a_model_file_that_is_a_folder_is_named_so(tmp_path):
     (folder / "config.json").mkdir()
     with pytest.raises(common.UserError, match=r"its config\.json is a directory$"):
         common.check_model(str(folder), "--model")
+
+
+def test_unused_pretraining_heads_are_noted_once_with_the_reason(tmp_path, capsys):
+    """DiffCSE loads its model twice (encoder and discriminator): BERT's NSP head is noted once, and
+    why (its pooler is loaded: --pooler cls)."""
+    import torch
+    folder = make_model(tmp_path / "m")
+    tensors = common.read_safetensors(folder / "model.safetensors")
+    tensors |= {"cls.seq_relationship.weight": torch.zeros(2, 32),
+                "cls.seq_relationship.bias": torch.zeros(2)}
+    common.write_safetensors(folder / "model.safetensors", tensors)
+    common.Bert.from_pretrained(folder), common.Bert.from_pretrained(folder)
+    err = [x for x in capsys.readouterr().err.splitlines() if "not used from the checkpoint" in x]
+    assert len(err) == 1 and "pretraining heads" in err[0], err
+    assert "seq_relationship.bias" in err[0], err
+
+
+def test_a_roberta_config_whose_padding_leaves_no_position_is_refused(tmp_path):
+    config = dict(model_type="roberta", vocab_size=64, hidden_size=32, num_hidden_layers=1,
+                  num_attention_heads=2, intermediate_size=64, max_position_embeddings=40,
+                  pad_token_id=38)  # positions start at 39: one left
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(common.CheckpointError, match="max_position_embeddings=40, pad_token_id"):
+        common.read_config(tmp_path)

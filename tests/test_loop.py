@@ -2,14 +2,17 @@
 official AdamW (betas, eps, no weight decay) with a linear decay that ends at 0; a gradient above
 1.0 is cut to 1.0 before the step; the gradients are cleared after it; each epoch draws its own
 order of full batches from the seed; a later, worse evaluation never replaces the best model, which
-is the model saved and tested."""
+is the model saved and tested; the best step is the first of equal scores, and a dev score that
+is not a number (NaN) never selects the model (results.json strict JSON, NaN written as null). The
+oracles: the official trainer's settings, torch's own clip_grad_norm_, and the scores fed in."""
+import json
 import math
 
 import pytest
 import torch
 
 import common
-from tiny_world import make_world
+from conftest import tiny_config
 
 CPU = torch.device("cpu")
 
@@ -74,11 +77,10 @@ def test_each_epoch_draws_its_own_order_of_full_batches_from_the_seed():
     assert len(batch_orders(seed=42, n_rows=22)[0]) == 20  # the 2 rows of a short last batch wait
 
 
-def test_a_later_worse_evaluation_never_replaces_the_best_model(tmp_path, monkeypatch):
+def test_a_later_worse_evaluation_never_replaces_the_best_model(world, tmp_path, monkeypatch):
     """Dev scores 50, 70, 60, 65 at steps 0-3: the model of step 1 is the one kept, tested and
     saved."""
     import simcse_min
-    world = {k: v for k, v in make_world(tmp_path).items() if k != "generator"}
     scores, states = iter([50.0, 70.0, 60.0, 65.0]), {}
 
     def evaluate_dev(model, dev, pooler, progress=None):
@@ -86,9 +88,7 @@ def test_a_later_worse_evaluation_never_replaces_the_best_model(tmp_path, monkey
         return {"stsb_dev": next(scores), "align": 0.5, "uniform": -2.0}
     monkeypatch.setattr(simcse_min, "evaluate_dev", evaluate_dev)
     out = tmp_path / "out"
-    results = simcse_min.train(simcse_min.Config(**world, device="cpu", batch_size=8, max_steps=3,
-                                                 eval_every=1,
-                                                 out_dir=str(out)))
+    results = simcse_min.train(tiny_config(simcse_min, world, out, max_steps=3))
     assert (results["best_step"], results["best_dev"]) == (1, 70.0)
     saved = common.Bert.from_pretrained(out).state_dict()
     assert "pooler.dense.weight" in states[1]  # the MLP head, saved as BERT's pooler [issue 41]
@@ -114,3 +114,33 @@ def test_all_gather_backward_sums_over_ranks_and_keeps_this_ranks_slice(monkeypa
     grad = torch.arange(8.0).view(2, 4, 1)  # [views, N*b, 1]
     out = common.AllGather.backward(None, grad)
     assert out.flatten().tolist() == [4.0, 6.0, 12.0, 14.0]
+
+
+def strict_json(path):
+    def refuse(token):
+        raise ValueError(f"{path} holds {token}, which strict JSON does not have")
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+@pytest.mark.parametrize("scores", [[math.nan, 5.0, math.nan, 4.0, math.nan], [math.nan] * 5])
+def test_a_dev_score_that_is_not_a_number_is_never_best(scores, world, tmp_path, monkeypatch):
+    import simcse_min
+    given = iter(scores)
+    monkeypatch.setattr(simcse_min, "evaluate_dev", lambda model, dev, pooler, progress=None: {
+        "stsb_dev": next(given), "align": 0.5, "uniform": -2.0})
+    out = tmp_path / "out"
+    simcse_min.train(tiny_config(simcse_min, world, out, max_steps=4))
+    results = strict_json(out / "results.json")  # NaN and -inf written as null
+    finite = [(s, d) for s, d in enumerate(scores) if math.isfinite(d)]
+    best_step, best_dev = max(finite, key=lambda x: x[1]) if finite else (0, None)
+    assert (results["best_step"], results["best_dev"]) == (best_step, best_dev)
+    assert [d for _, d in results["dev_history"]] == [d if math.isfinite(d) else None for d
+                                                      in scores]
+
+
+def test_the_best_step_is_the_first_of_equal_or_undefined_scores():
+    model, best = torch.nn.Linear(2, 2), dict(dev=-math.inf, step=0, state=None)
+    for step, dev, kept in ((10, math.nan, 10), (20, math.nan, 10), (30, 50.0, 30),
+                            (40, 50.0, 30), (50, 49.0, 30)):
+        common.keep_best(best, step, dev, model)
+        assert best["step"] == kept and best["state"] is not None and best["dev"] != -math.inf

@@ -1,6 +1,7 @@
 """The four method files share one loop and one configuration: train() short and in the open, each
 sibling's train() differing from the baseline's only in lines tagged with its method, the shared
-Config fields identical in all four [STYLE §2.5]."""
+Config fields identical in all four [STYLE §2.5]. The oracle: the baseline's train(), read with
+ast."""
 import re
 
 import pytest

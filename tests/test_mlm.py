@@ -11,7 +11,8 @@ import torch.nn.functional as F
 import common
 import simcse_min
 from ddp_world import no_dropout_bert
-from tiny_world import make_world, sentence, tokenizer
+from conftest import cos, one_line
+from tiny_world import sentence, tokenizer
 
 TOK = tokenizer()
 SPECIALS = (TOK.pad_id, TOK.unk_id, TOK.cls_id, TOK.sep_id, TOK.mask_id)
@@ -21,9 +22,6 @@ def batch(n, columns=1, seed=0):
     ids, mask = TOK([sentence(random.Random(seed + i)) for i in range(n * columns)])  # [n*C, L]
     return ids.view(n, columns, -1), mask.view(n, columns, -1)
 
-
-def cos(a, b):
-    return a @ b / (a.norm() * b.norm())
 
 
 def loss_loop(model, head, ids, mask, cfg, masked, chosen):
@@ -129,15 +127,11 @@ class ZeroLogits:
         return torch.zeros(*states.shape, self.vocab)
 
 
-def test_a_checkpoint_without_an_mlm_head_is_one_line(tmp_path, capsys):
+def test_a_checkpoint_without_an_mlm_head_is_one_line(world, tmp_path, capsys):
     """--do_mlm on a model folder without BERT's MLM head (cls.predictions.*): exit 2, one line
     naming the head and the flag, nothing left behind."""
-    world = make_world(tmp_path)
     args = ["--model", world["model"], "--data", world["data"], "--senteval", world["senteval"],
             "--do_mlm", "--out_dir", str(tmp_path / "run"), "--device", "cpu"]
-    with pytest.raises(SystemExit) as exit_:
-        common.main_guard(simcse_min.train, common.parse_args(simcse_min.Config, args))
-    err = capsys.readouterr().err.strip().splitlines()
-    assert exit_.value.code == 2 and len(err) == 1, err
-    assert "no masked-LM head" in err[0] and "--do_mlm" in err[0], err
+    err = one_line(capsys, common.parse_args(simcse_min.Config, args), simcse_min.train)
+    assert "no masked-LM head" in err and "--do_mlm" in err, err
     assert not (tmp_path / "run").exists()

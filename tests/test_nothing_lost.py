@@ -1,6 +1,6 @@
-"""Nothing lost, third pass [issue 27]: two runs on one out_dir, outputs that are inputs, links,
-leftovers, STS files that do not add up, and special files; each refusal leaves every file as it
-was."""
+"""Nothing lost [issue 27]: two runs on one out_dir, outputs that are inputs, links, leftovers, STS
+files that do not add up, and special files; each refusal leaves every file as it was (the
+oracle: every file's bytes before and after)."""
 import importlib
 import os
 import subprocess
@@ -11,21 +11,14 @@ import pytest
 import torch
 
 import common
-from tiny_world import make_world, stsb_dev, tokenizer
+from conftest import tiny_config
+from tiny_world import stsb_dev, tokenizer
 
 SIMCSE = importlib.import_module("simcse_min").__file__  # the suite runs in a temporary folder
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return make_world(tmp_path_factory.mktemp("nothing-lost"))
-
-
 def config(world, out, **kw):
-    keep = {k: world[k] for k in ("model", "data", "senteval")}
-    return importlib.import_module("simcse_min").Config(**{
-        "device": "cpu", "batch_size": 8, "max_steps": 2, "eval_every": 2, "out_dir": str(out),
-        **keep, **kw})
+    return tiny_config("simcse", world, out, **{"eval_every": 2, **kw})
 
 
 def copy_model(src, dst):

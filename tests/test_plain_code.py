@@ -1,15 +1,13 @@
 """Plain over short [issue 39, STYLE §2.1]: no packing idioms in any part of common.py [issue 53]
 (counted by tests/tools/packing.py), Part 2 one guarantee a section, its map in docs/reliability.md
 generated from the code (tests/tools/guarantees.py). Run's state: tests/test_run_state.py (it
-replaced a 120-line limit on Run, which pushed Run's state out into functions)."""
+replaced a 120-line limit on Run, which pushed Run's state out into functions). The oracle:
+tests/tools/packing.py's counts (each idiom planted and found) and the generated map."""
 import ast
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests" / "tools"))
-import guarantees  # noqa: E402
-import packing  # noqa: E402
+import guarantees
+import packing
+from conftest import ROOT
 
 SOURCE = (ROOT / "common.py").read_text(encoding="utf-8")
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import common
+from conftest import tiny_config
 from test_resume import assert_same_run
 from test_signals import signals_after_step
-from tiny_world import make_world
 
 CUDA = torch.device("cuda")  # a device object only: nothing here touches a GPU
 
@@ -95,17 +95,10 @@ def test_an_overflowing_fp16_step_is_skipped_and_counted():
     assert fresh.scaler.get_scale() == 65536.0
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return make_world(tmp_path_factory.mktemp("precision-world"))
-
-
 def flags(world, out, method="simcse", **kw):
-    keep = ("model", "data", "senteval") + (("generator",) if method == "diffcse" else ())
-    values = dict(device="cpu", batch_size=8, epochs=2, eval_every=4, save_every=3,
-                  out_dir=str(out),
-                  **{k: world[k] for k in keep}, **kw)
-    return importlib.import_module(f"{method}_min").Config(**values)
+    """2 epochs of 6 steps, dev every 4, a checkpoint every 3."""
+    return tiny_config(method, world, out, **{"max_steps": 0, "epochs": 2, "eval_every": 4,
+                                              "save_every": 3, **kw})
 
 
 def stop_after(monkeypatch, module, cfg, n):

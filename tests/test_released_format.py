@@ -15,8 +15,8 @@ import torch
 
 import common
 import simcse_min
-from conftest import FIXTURES, ROOT
-from tiny_world import make_model, make_senteval, make_world, seeded_run_folder, tokenizer
+from conftest import FIXTURES, ROOT, tiny_config
+from tiny_world import make_model, make_senteval, seeded_run_folder, tokenizer
 
 REF = json.loads((FIXTURES / "pooler_ref.json").read_text(encoding="utf-8"))
 
@@ -91,9 +91,8 @@ def test_a_supervised_folder_gives_the_mlp_vector_in_sentence_transformers(tmp_p
     assert entry["type"].split(".")[-1] == fmt["modules_entry"]["type"].split(".")[-1] == "Dense"
 
 
-def run_simcse(tmp_path, monkeypatch, data=None, **kw):
+def run_simcse(world, tmp_path, monkeypatch, data=None, **kw):
     """A 3-step tiny-world run; evaluate_dev and evaluate_sts record the pooler they are given."""
-    world = {k: v for k, v in make_world(tmp_path).items() if k != "generator"}
     seen = []
     scores = iter([50.0, 60.0, 70.0, 80.0])
 
@@ -107,26 +106,25 @@ def run_simcse(tmp_path, monkeypatch, data=None, **kw):
     monkeypatch.setattr(simcse_min, "evaluate_dev", evaluate_dev)
     monkeypatch.setattr(simcse_min, "evaluate_sts", evaluate_sts)
     out = tmp_path / "out"
-    simcse_min.train(simcse_min.Config(**{**world, "data": data or world["data"]}, device="cpu",
-                                       batch_size=8, max_steps=3, eval_every=1, out_dir=str(out),
-                                       **kw))
+    simcse_min.train(tiny_config(simcse_min, {**world, "data": data or world["data"]}, out,
+                                 max_steps=3, **kw))
     return out, seen
 
 
-def test_supervised_simcse_uses_its_mlp_at_dev_and_test_and_saves_it_as_the_pooler(tmp_path,
-                                                                                     monkeypatch):
+def test_supervised_simcse_uses_its_mlp_at_dev_and_test_and_saves_it_as_the_pooler(
+        world, tmp_path, monkeypatch):
     rows = [f"{a},{b},{c}" for a, b, c in zip(*[["a man is eating .", "the dog runs ."] * 8] * 3)]
     (tmp_path / "nli.csv").write_text("sent0,sent1,hard_neg\n" + "\n".join(rows) + "\n")
-    out, seen = run_simcse(tmp_path, monkeypatch, data=str(tmp_path / "nli.csv"))
+    out, seen = run_simcse(world, tmp_path, monkeypatch, data=str(tmp_path / "nli.csv"))
     assert set(seen) == {("dev", "cls"), ("test", "cls")}
     saved = common.read_safetensors(out / "model.safetensors")
     assert torch.equal(common.read_safetensors(out / "2_Dense" / "model.safetensors")[
         "linear.weight"], saved["pooler.dense.weight"])  # sentence-transformers: the MLP too
 
 
-def test_unsupervised_simcse_tests_the_raw_cls_and_saves_its_mlp_as_the_pooler(tmp_path,
+def test_unsupervised_simcse_tests_the_raw_cls_and_saves_its_mlp_as_the_pooler(world, tmp_path,
                                                                               monkeypatch):
-    out, seen = run_simcse(tmp_path, monkeypatch)
+    out, seen = run_simcse(world, tmp_path, monkeypatch)
     assert set(seen) == {("dev", "cls_before_pooler"), ("test", "cls_before_pooler")}
     assert "pooler.dense.weight" in common.read_safetensors(out / "model.safetensors")
     assert not (out / "2_Dense").exists()  # sentence-transformers: the raw [CLS]

@@ -2,7 +2,8 @@
 neither skips the out_dir lock nor is a traceback); an existing out_dir holding files that are not
 a run's needs --overwrite, and /, the home folder and the project's folder never are one; a
 results.json or log.txt that is a folder is one line before any work; an error caused by a caught
-SIGTERM (a cold --compile's g++ killed with the process group) is one line, exit 143."""
+SIGTERM (a cold --compile's g++ killed with the process group) is one line, exit 143. The oracle:
+the folders' files before and after each refusal."""
 import fcntl
 import importlib
 import os
@@ -14,19 +15,12 @@ import pytest
 import torch
 
 import common
-from tiny_world import make_world
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    world = make_world(tmp_path_factory.mktemp("run-folders"))
-    return {k: world[k] for k in ("model", "data", "senteval")}
+from conftest import tiny_config
 
 
 def train(world, out, **kw):
     module = importlib.import_module("simcse_min")
-    return module.train(module.Config(**world, device="cpu", batch_size=8, max_steps=1,
-                                      eval_every=1, out_dir=str(out), test="none", **kw))
+    return module.train(tiny_config(module, world, out, max_steps=1, test="none", **kw))
 
 
 @pytest.mark.parametrize("env, said", [({"RANK": "1"}, r"RANK=1 with WORLD_SIZE=\(unset\)"),
@@ -97,8 +91,7 @@ def test_an_error_after_a_caught_sigterm_is_one_line_and_exit_143(world, tmp_pat
         signal.raise_signal(signal.SIGTERM)  # caught: the run would stop after this step
         raise RuntimeError("InductorError: CppCompileError: C++ compile error (g++ killed)")
     monkeypatch.setattr(module, "optimizer_step", compile_killed)
-    cfg = module.Config(**world, device="cpu", batch_size=8, max_steps=2,
-                        out_dir=str(tmp_path / "out"))
+    cfg = tiny_config(module, world, tmp_path / "out")
     old = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as e:
         common.main_guard(module.train, cfg)

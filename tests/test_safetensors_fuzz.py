@@ -1,7 +1,8 @@
 """Mutation test of the safetensors reader: thousands of randomly corrupted headers, size fields and
 truncations of a valid file give a clean result or our CheckpointError, never another exception,
 never a hang, and never an allocation beyond the file's size (measured with tracemalloc: the
-reader's buffers are Python allocations)."""
+reader's buffers are Python allocations). The oracle: the safetensors format as its specification
+writes it (the file built by hand)."""
 import json
 import random
 import time

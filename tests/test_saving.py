@@ -1,5 +1,6 @@
-"""Saving: a round trip on MiniLM, the files parsed independently of common.py, bf16, the MLM
-head."""
+"""Saving: a round trip on MiniLM, the files parsed independently of common.py (struct, json and
+numpy: the oracle), bf16, the MLM head; a saved vocab.txt tokenizes as its source did, and a run's
+files get the user's usual permissions with no temporary left."""
 import json
 import struct
 from pathlib import Path
@@ -10,6 +11,7 @@ import torch
 
 import common
 from common import Bert
+from conftest import tiny_config
 from test_checkpoints import CFG, LAYER, unused_line
 
 
@@ -141,3 +143,33 @@ def test_mlm_model_round_trip(tmp_path, capsys):
     assert unused_line(capsys.readouterr().err) == set()
     a, b = model.state_dict(), again.state_dict()
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_saved_vocab_tokenizes_as_its_source(tmp_path):
+    """vocab.txt with a token twice, a blank line and CRLF endings: ids are line numbers, so the
+    saved folder keeps every line where it was (the shadowed duplicate as a blank line)."""
+    from tiny_world import make_vocab
+    words = make_vocab()
+    lines = words[:10] + ["man", ""] + words[10:]  # "man" again (WORDS has it), then a blank line
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "vocab.txt").write_bytes("".join(t + "\r\n" for t in lines).encode())
+    tok = common.Tokenizer.from_pretrained(src)
+    model = common.Bert(common.BertConfig.tiny(vocab_size=len(lines)))
+    common.save_pretrained(model, tmp_path / "dst", tok)
+    again = common.Tokenizer.from_pretrained(tmp_path / "dst")
+    sentences = ["a man is playing a guitar .", "the woman , a dog", "zebra ##s and the man"]
+    assert [again.encode(s) for s in sentences] == [tok.encode(s) for s in sentences]
+    assert len((tmp_path / "dst" / "vocab.txt").read_text().splitlines()) == len(lines)
+    # the saved folder loads: vocab.txt fits its embedding rows
+    common.Bert.from_pretrained(tmp_path / "dst")
+
+
+def test_written_files_get_the_usual_permissions(world, tmp_path):
+    import simcse_min
+    out = tmp_path / "out"
+    simcse_min.train(tiny_config(simcse_min, world, out, eval_every=2))
+    want = 0o666 & ~common.UMASK
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.rglob("*") if p.is_file()}
+    assert modes and all(m == want for m in modes.values()), (oct(want), modes)
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left

@@ -1,6 +1,6 @@
 """SimCSE's senteval.tar from the stand-in hub: the recorded layout (members at the top) unpacks
 every task we read; a re-packed tar (under downstream/) works too; members that would escape are
-refused."""
+refused. The oracle: the recorded senteval.tar layout (fixtures/hub_facts.py)."""
 import io
 import os
 import tarfile

@@ -1,6 +1,6 @@
 """Signals at every moment of a run (random moments, the final evaluation and save, while a
 checkpoint is written, before any), and a second run on a live out_dir: nothing lost, --resume
-finishes identically."""
+finishes identically. The oracle: the same run uninterrupted (test_resume.py's)."""
 import importlib
 import random
 import signal

@@ -6,12 +6,10 @@ import pytest
 import torch
 
 import common
+from conftest import cos
 from simcse_min import MLPHead, info_nce, loss_fn, make_views, train_step, Config
 from tiny_world import sentence, tokenizer
 
-
-def cos(a, b):
-    return (a @ b) / (a.norm() * b.norm())
 
 
 def info_nce_loop(h1, h2, temp, h3=None, hard_weight=0.0):

@@ -7,6 +7,7 @@ import torch.nn as nn
 
 import common
 import simcse_min
+from conftest import cos
 from simcsepp_min import (
     Config,
     MLPHead,
@@ -17,9 +18,6 @@ from simcsepp_min import (
     train,
     train_step,
 )
-
-def cos(a, b):
-    return (a * b).sum() / (a.norm() * b.norm())
 
 
 def off_dropout_oracle(h1, h2, h0, temp, m):

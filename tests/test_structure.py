@@ -8,11 +8,10 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT
 SCRIPTS = ["simcse_min.py", "esimcse_min.py", "simcsepp_min.py", "diffcse_min.py"]
 TAGS = {"esimcse_min.py": "ESimCSE", "simcsepp_min.py": "SimCSE++", "diffcse_min.py": "DiffCSE"}
 RULERS = ["Config", "Views", "Heads", "Loss", "Training step", "Training loop", "CLI"]

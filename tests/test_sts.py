@@ -1,20 +1,16 @@
 """STS evaluation: Spearman, the 'all' setting, SentEval file parsing, encoding order, official
 numbers, CLI.
 
-Fast on purpose: the full 7-task table (~2 min on a CPU) lives in tests/tools/bench_eval.py; here
-the real model is checked against the official numbers on the two cheapest tasks only (STS-B test
-and STS13).
+Fast on purpose: the full 7-task table (~2 min on a CPU) lives in tests/tools/bench/bench_eval.py;
+here the real model is checked against the official numbers on the two cheapest tasks only (STS-B
+test and STS13). The oracles: scipy's Spearman, numpy's cosine, and the official numbers.
 """
-from pathlib import Path
-
 import numpy as np
 import pytest
 import scipy.stats
 import torch
 
 import common
-
-ROOT = Path(__file__).resolve().parent.parent
 
 # Official SimCSE evaluation.py --pooler avg --mode test on all-MiniLM-L6-v2
 # (../shared/data/README.md)

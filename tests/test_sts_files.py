@@ -1,6 +1,7 @@
 """SentEval's files as SentEval reads them (empty gold lines, STS-B and SICK columns, malformed and
 missing files), then the real data: pair counts, order restored, the official numbers, the dev
-set."""
+set. The oracles: SentEval's own reading of each format, the real pair counts and the official
+numbers."""
 import json
 import subprocess
 import sys
@@ -10,7 +11,8 @@ import pytest
 import torch
 
 import common
-from test_sts import OFFICIAL_AVG, ROOT, slice_senteval, write
+from conftest import ROOT
+from test_sts import OFFICIAL_AVG, slice_senteval, write
 from tiny_world import stsb_dev
 
 

@@ -10,22 +10,20 @@ import pytest
 
 import common
 import simcse_min
-from tiny_world import make_world
+from conftest import tiny_config
 
 SEEDS = (1, 2, 3)
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tiny_world, tmp_path_factory):
     """Three tiny SimCSE runs, seeds 1, 2, 3 (lr 1e-2: their tables differ) -> their folders."""
     tmp = tmp_path_factory.mktemp("seeds")
-    world = make_world(tmp)
-    del world["generator"]  # DiffCSE's
     folders = []
     for seed in SEEDS:
         folder = tmp / f"simcse-s{seed}"
-        simcse_min.train(simcse_min.Config(**world, device="cpu", batch_size=8, max_steps=3,
-                                           eval_every=2, lr=1e-2, seed=seed, out_dir=str(folder)))
+        simcse_min.train(tiny_config(simcse_min, tiny_world, folder, max_steps=3, eval_every=2,
+                                     lr=1e-2, seed=seed))
         folders.append(str(folder))
     return folders
 

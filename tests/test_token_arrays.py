@@ -1,6 +1,7 @@
 """The training file tokenized as a stream into flat arrays [issue 54]: the same ids as one
 sentence at a time (and as the code before, recorded), in this process or a pool of workers; the
-file read a chunk at a time; nothing kept per sentence but its ids."""
+file read a chunk at a time; nothing kept per sentence but its ids. The oracles: the ids of one
+sentence at a time, and the arrays recorded from the code before."""
 import hashlib
 import tracemalloc
 

@@ -3,6 +3,7 @@ tiny world, and the real folders' sizes (skipped when absent). Parity with SentE
 scikit-learn's folds: test_transfer_parity.py."""
 import json
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -69,8 +70,8 @@ def write_transfer_folders(root, n=30, seed=0):
                 for i, (a, b) in enumerate(zip(sentences(), sentences()))))
 
 
-def test_eval_prints_the_sts_and_transfer_tables(tmp_path, capsys):
-    world = tiny_world.make_world(tmp_path)
+def test_eval_prints_the_sts_and_transfer_tables(world, tmp_path, capsys):
+    world["senteval"] = str(shutil.copytree(world["senteval"], tmp_path / "senteval"))
     write_transfer_folders(tmp_path / "senteval")
     out = tmp_path / "scores.json"
     results = common.cli(["eval", "--model", world["model"], "--senteval", world["senteval"],
@@ -87,8 +88,7 @@ def test_eval_prints_the_sts_and_transfer_tables(tmp_path, capsys):
     assert saved["STS12"] == results["STS12"]
 
 
-def test_missing_transfer_folders_are_one_line_before_any_work(tmp_path):
-    world = tiny_world.make_world(tmp_path)
+def test_missing_transfer_folders_are_one_line_before_any_work(world):
     with pytest.raises(common.UserError, match=r"incomplete: missing MR/rt-polarity\.pos.*"
                                                r"download senteval"):
         common.cli(["eval", "--model", world["model"], "--senteval", world["senteval"],

@@ -1,5 +1,6 @@
 """WordPiece on a hand-built vocabulary (longest match, [UNK], case, accents, punctuation, CJK,
-special tokens, truncation), vocab.txt and tokenizer_config.json read."""
+special tokens, truncation), vocab.txt and tokenizer_config.json read. The oracle: WordPiece's rules
+(BERT's tokenizer) on a vocabulary small enough to work by hand."""
 import json
 
 import pytest

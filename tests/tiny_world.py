@@ -73,6 +73,8 @@ def make_senteval(root, n=8, seed=0):
 
 
 def make_world(tmp, pooler=False):
+    """A model (pooler: with BERT's), DiffCSE's generator (an MLM head), 48 sentences, a SentEval
+    folder."""
     rng = random.Random(1)
     data = tmp / "train.txt"
     data.write_text("".join(sentence(rng) + "\n" for _ in range(48)))

@@ -5,7 +5,7 @@ code | message".
     minute on a CPU
     python tests/tools/bad_inputs.py summarize make_corpus   # the rows whose label holds a word
 
-tests/test_inputs.py runs the same cases in-process. Each case: a label, the script ("common":
+tests/test_bad_inputs.py runs the same cases in-process. Each case: a label, the script ("common":
 common.py's command line), its flags, the exit code it must give, whether the run must leave no
 out_dir behind (every refusal before training does), and optionally {"env": variables to set,
 "fsize": a file-size limit in bytes (a full disk), "lock": a run folder whose lock a live run
@@ -998,7 +998,7 @@ def roberta_folder(folder):
 
 def vocab_with_a_token_twice(folder):
     """Two lines of vocab.txt replaced (by a token already there and a blank line), CRLF line
-    endings: the saved folder must keep every line where it was (tests/test_hostile.py checks that
+    endings: the saved folder must keep every line where it was (tests/test_saving.py checks that
     it tokenizes the same)."""
     lines = (folder / "vocab.txt").read_text().splitlines()
     lines[-2:] = [lines[10], ""]

@@ -98,7 +98,7 @@ EXERCISES = [  # reading order: simcse_min.py, the three diffs, then common.py's
              ["simcsepp-dcl-variance", "simcsepp-dcl-over-b", "simcsepp-dcl-temperature"]),
     Exercise("bn-projector", D, ["BNProjector.__init__"], "DiffCSE App. A (BatchNorm projector)",
              "DiffCSE App. A; forward() uses self.net; the official ProjectionMLP.",
-             ["test_heads_and_loops.py::"
+             ["test_method_parts.py::"
               "test_diffcse_projector_is_linear_bn_relu_linear_bn_without_affine"],
              ["diffcse-bn-affine", "diffcse-relu"]),
     Exercise("mask-tokens", MASKING, ["mask_tokens"], "DiffCSE §3; BERT §3.1 (80/10/10 masking)",
@@ -118,7 +118,7 @@ EXERCISES = [  # reading order: simcse_min.py, the three diffs, then common.py's
               "test_bert.py::test_dropout_on_in_train_off_in_eval",
               "test_bert.py::test_embed_then_encode_equals_forward",
               "test_bert.py::test_minilm_parity_with_hugging_face",
-              "test_speed.py::test_cls_only_equals_the_full_last_layer"],
+              "test_fast_path.py::test_cls_only_equals_the_full_last_layer"],
              ["attention-mask", "attention-scale", "attention-dropout", "gelu", "post-ln",
               "pooler-cls"]),
     Exercise("alignment-uniformity", C, ["alignment", "uniformity"],

@@ -23,7 +23,7 @@ END = "<!-- end of guarantees -->"
 TESTS = {  # ruler title -> the test files that pin its guarantee, written by hand (checked: each
     # calls a name of its section, or runs it through training, --resume or from_pretrained)
     "Errors: one line and an exit status, never a traceback":
-        ["test_inputs.py", "test_no_late_traceback.py", "test_run_folders.py"],
+        ["test_bad_inputs.py", "test_analyze_errors.py", "test_run_folders.py"],
     "Files: atomic writes, UTF-8, JSON, safetensors":
         ["test_safetensors_fuzz.py", "test_nothing_lost.py", "test_encode_pairs.py",
          "test_output_rule.py", "test_input_rule.py"],
@@ -31,22 +31,20 @@ TESTS = {  # ruler title -> the test files that pin its guarantee, written by ha
         ["test_loader_errors.py", "test_checkpoints.py", "test_saving.py", "test_distilbert.py"],
     "Resolving and downloading models and data":
         ["test_download.py", "test_downloads_together.py", "test_download_redirects.py",
-         "test_hf_cache.py", "test_first_minutes.py"],
+         "test_caches.py"],
     "SentEval's files: senteval.tar and the STS files":
         ["test_senteval_tar.py", "test_sts_files.py"],
     "Devices, precision, input checks":
-        ["test_inputs.py", "test_cli_inputs.py", "test_precision.py", "test_ddp.py",
-         "test_run_folders.py", "test_believed_inputs.py", "test_input_rule.py",
-         "test_output_rule.py"],
+        ["test_bad_inputs.py", "test_cli_inputs.py", "test_precision.py", "test_ddp.py",
+         "test_run_folders.py", "test_flags.py", "test_input_rule.py", "test_output_rule.py"],
     "Training data: text and CSV, tokenized once, a cache on disk":
-        ["test_hostile.py", "test_inputs.py", "test_token_arrays.py"],
+        ["test_training_data.py", "test_bad_inputs.py", "test_token_arrays.py"],
     "out_dir: a lock, exclusive creation, a log never written through a link":
         ["test_nothing_lost.py", "test_run_folders.py"],
     "Resumable runs: checkpoint.pt, Ctrl-C and SIGTERM":
         ["test_resume.py", "test_signals.py", "test_precision.py"],
     "The run: the operations a train() calls, its log lines":
-        ["test_host_syncs.py", "test_guidance.py", "test_compile.py",
-         "test_first_fifteen_minutes.py"],
+        ["test_host_syncs.py", "test_progress.py", "test_compile.py"],
     "torchrun: the process group (shard, all_gather: Part 1; the DDP wrapping: Run)":
         ["test_ddp.py", "test_run_folders.py"],
 }

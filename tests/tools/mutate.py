@@ -8,13 +8,15 @@ result a different method (or a broken one); the suite must fail on every one. S
 
 Each mutant is applied to a copy of the tree (the five top-level files and tests/), never to the
 checkout; its own test files run first (-x), and a mutant they miss runs the whole suite before it
-is called a survivor. A mutant whose old text does not occur exactly once is an error, so the list
-cannot rot silently. The data variables (SIMCSE_TEST_MODEL, ...) pass through: set them as .ci/run
-does, or the tests that need them skip.
+is called a survivor. A mutant whose old text does not occur exactly once is an error, and so is a
+test file or test (file.py::name) it names that tests/ does not hold: the list cannot rot silently.
+The data variables (SIMCSE_TEST_MODEL, ...) pass through: set them as .ci/run does, or the tests
+that need them skip.
 """
 import argparse
 import fnmatch
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,11 +30,27 @@ from mutants import MUTANTS
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def tests_not_found(m):
+    """The test files (file.py) and tests (file.py::name) m names that tests/ does not hold."""
+    gone = []
+    for name in m.tests:
+        file, _, test = name.partition("::")
+        path = ROOT / "tests" / file
+        if not path.is_file():
+            gone.append(name)
+        elif test and not re.search(rf"^def {re.escape(test)}\(", path.read_text(), re.M):
+            gone.append(name)
+    return gone
+
+
 def check(mutants):
-    """Every old text occurs exactly once in its file: a moved line is an error, not a silent
-    pass."""
+    """Every old text occurs exactly once in its file, and every test a mutant names exists: a
+    moved line or a moved test is an error, not a silent pass (pytest's "not found" would count
+    as a kill)."""
     bad = [f"{m.name}: {m.file} holds its old text {(ROOT / m.file).read_text().count(m.old)} times"
            for m in mutants if (ROOT / m.file).read_text().count(m.old) != 1]
+    bad += [f"{m.name}: no test {', '.join(tests_not_found(m))} in tests/" for m in mutants
+            if tests_not_found(m)]
     if bad:
         sys.exit("error: " + "; ".join(bad))
 

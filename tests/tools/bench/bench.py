@@ -1,9 +1,9 @@
 """Speed benchmark (not collected by pytest): one run, the same inputs for every contender.
 
-    python tests/tools/bench.py --threads 2                           # CPU, MiniLM from
+    python tests/tools/bench/bench.py --threads 2                           # CPU, MiniLM from
     SIMCSE_TEST_MODEL
-    python tests/tools/bench.py --model bert-base --device cuda --compile   # GPU: bert-base-uncased
-    shape, random weights
+    python tests/tools/bench/bench.py --model bert-base --device cuda --compile   # GPU:
+    bert-base-uncased shape, random weights
 
 Times (a) one full training step (forward, backward, clipping, AdamW) of each of the four methods
 at the paper's shape (batch 64, max length 32), (b) STS-B dev encoding (3,000 sentences, [CLS]), (c)
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root
 import common  # noqa: E402
 import diffcse_min  # noqa: E402
 import esimcse_min  # noqa: E402
@@ -53,7 +53,7 @@ PEAK_TFLOPS = [("H100 PCIe", 756, 756), ("H100", 989, 989), ("H200", 989, 989), 
 METHODS = ["simcse", "esimcse", "simcsepp", "diffcse"]
 
 
-# ---- Arithmetic (unit-tested in tests/test_speed.py)
+# ---- Arithmetic (unit-tested in tests/test_bench_arithmetic.py)
 
 def peak_tflops(gpu_name, precision="bf16"):
     """The dense tensor-core peak of a GPU in bf16 or fp16 from its name; None when unknown (use

@@ -1,10 +1,11 @@
 """Timing of the seven SentEval transfer tasks (not collected by pytest) on synthetic embeddings of
 the real task sizes: SentEval's own classifiers (--senteval PATH) or this project's (run_ours).
 
-    OMP_NUM_THREADS=1 /tmp/sev/bin/python tests/tools/bench_transfer.py --senteval /tmp/SentEval \
-        --mode test --threads 1 --json /tmp/senteval_timing_test.json      # SentEval's code
-    python tests/tools/bench_transfer.py --mode test --threads 1             # ours, CPU
-    python tests/tools/bench_transfer.py --mode test --device cuda           # ours, GPU
+    OMP_NUM_THREADS=1 /tmp/sev/bin/python tests/tools/bench/bench_transfer.py \
+        --senteval /tmp/SentEval --mode test --threads 1 \
+        --json /tmp/senteval_timing_test.json                            # SentEval's code
+    python tests/tools/bench/bench_transfer.py --mode test --threads 1             # ours, CPU
+    python tests/tools/bench/bench_transfer.py --mode test --device cuda           # ours, GPU
 
 /tmp/SentEval: SentEval's transfer files as tests/fixtures/make_transfer_fixtures.py describes them
 (for --senteval on a GPU, without its CPU patches), with scikit-learn installed beside them.
@@ -26,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: common.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root: common.py
 
 DIM = 768
 # per split, the number of sentences (MRPC: pairs) of each class id, in class-id order

@@ -1,7 +1,8 @@
 """Ablation benchmark of common.py's speed tricks (not collected by pytest): each trick on vs off.
 
-    python tests/tools/bench_tricks.py                  # about 4-5 minutes on 2 CPU cores
-    python tests/tools/bench_tricks.py --reps 5 --threads 4 --model DIR --senteval DIR --data FILE
+    python tests/tools/bench/bench_tricks.py                  # about 4-5 minutes on 2 CPU cores
+    python tests/tools/bench/bench_tricks.py --reps 5 --threads 4 --model DIR --senteval DIR \
+        --data FILE
 
 Defaults: the model folder $SIMCSE_TEST_MODEL (else ../shared/models/all-MiniLM-L6-v2 beside the
 repository, as CI lays it out), $SIMCSE_SENTEVAL (../shared/data/senteval), the training lines
@@ -47,12 +48,12 @@ import torch
 
 _CACHE_DIR = tempfile.mkdtemp(prefix="bench-tricks-cache-")
 os.environ["SIMCSE_CACHE"] = _CACHE_DIR  # read by common at import: an empty token cache
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root
 import common  # noqa: E402
 import simcse_min  # noqa: E402
 
 EPOCH_SENTENCES = 1_000_000  # wiki1m
-_SHARED = Path(__file__).resolve().parents[3] / "shared"  # beside the repository, as in CI
+_SHARED = Path(__file__).resolve().parents[4] / "shared"  # beside the repository, as in CI
 DEFAULTS = {"SIMCSE_TEST_MODEL": str(_SHARED / "models/all-MiniLM-L6-v2"),
             "SIMCSE_SENTEVAL": str(_SHARED / "data/senteval"),
             "SIMCSE_TEST_DATA": str(_SHARED / "data/wiki1m_head.txt")}

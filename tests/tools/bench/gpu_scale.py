@@ -15,12 +15,12 @@ included: what the card must hold); "-" without nvidia-smi.
 
     python tests/tools/make_corpus.py --out /tmp/wiki1m.txt --model_out /tmp/bert-base \\
         --generator_out /tmp/mlm6
-    python tests/tools/gpu_scale.py --data /tmp/wiki1m.txt --model /tmp/bert-base \\
+    python tests/tools/bench/gpu_scale.py --data /tmp/wiki1m.txt --model /tmp/bert-base \\
         --generator /tmp/mlm6 --senteval ~/.cache/simcse-min/senteval --device cuda
 A tiny CPU run that checks the script itself (its numbers mean nothing for a GPU):
-    python tests/tools/gpu_scale.py --data small.txt --model all-MiniLM-L6-v2 --generator mlm \\
-        --senteval senteval --device cpu --max_steps 4 --extra "--batch_size 8 --eval_every 2
-        --save_every 2" --epoch_rows 1000000
+    python tests/tools/bench/gpu_scale.py --data small.txt --model all-MiniLM-L6-v2 \\
+        --generator mlm --senteval senteval --device cpu --max_steps 4 \\
+        --extra "--batch_size 8 --eval_every 2 --save_every 2" --epoch_rows 1000000
 """
 import argparse
 import json
@@ -35,7 +35,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 import common  # noqa: E402
 METHODS = ["simcse", "esimcse", "simcsepp", "diffcse"]

@@ -6,7 +6,7 @@ and of its tokenizing workers apart), the ids' SHA-256. --repo DIR runs another 
 measures more sizes (the first lines of the corpus) to see what the peak grows with.
 
     python tests/tools/make_corpus.py --out /tmp/wiki1m_standin.txt
-    python tests/tools/bench_scale.py --data /tmp/wiki1m_standin.txt --repo /tmp/old \\
+    python tests/tools/bench/bench_scale.py --data /tmp/wiki1m_standin.txt --repo /tmp/old \\
         --scale 250000,500000
 
 The machine's load (`uptime`) is printed first and last: on a shared machine the seconds vary."""
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MODEL = ROOT.parent / "shared/models/all-MiniLM-L6-v2"
 
 

@@ -1,7 +1,8 @@
 """Hostile and broken inputs (tests/tools/bad_inputs.py lists them): each gives its exit code and
 one line on stderr, never a traceback, and a refusal before training leaves no out_dir behind. Run
 in-process through main_guard, the same path as the command line (tests/tools/bad_inputs.py runs
-them through real processes and prints the table)."""
+them through real processes and prints the table). The oracle: each case's exit code and its one
+line, as the table states them."""
 import importlib
 import sys
 from pathlib import Path

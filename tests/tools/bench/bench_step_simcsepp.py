@@ -1,7 +1,7 @@
 """Median ms per training step (train_step + backward) of SimCSE, SimCSE + DCL and SimCSE++ on one
 model and batch.
 
-    python tests/tools/bench_step_simcsepp.py --model ../shared/models/all-MiniLM-L6-v2 --data
+    python tests/tools/bench/bench_step_simcsepp.py --model ../shared/models/all-MiniLM-L6-v2 --data
     ../shared/data/wiki1m_head.txt
 
 Not collected by pytest. The variants take turns step by step, so drift in machine load hits all of
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root
 import common  # noqa: E402
 import simcse_min  # noqa: E402
 import simcsepp_min  # noqa: E402

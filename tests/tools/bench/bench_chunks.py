@@ -8,8 +8,9 @@
 2. the cost: peak GPU memory and step time of supervised SimCSE at bert-base shape (random
    weights), batch 512 x 3 sentences x 32 tokens, for each --chunk_size (docs/speed.md).
 
-    python tests/tools/bench_chunks.py --device cuda                  # docs/speed.md's numbers
-    python tests/tools/bench_chunks.py --device cpu --batch 16 --layers 2 --chunks 0 8 --steps 2
+    python tests/tools/bench/bench_chunks.py --device cuda              # docs/speed.md's numbers
+    python tests/tools/bench/bench_chunks.py --device cpu --batch 16 --layers 2 --chunks 0 8 \
+        --steps 2
 """
 import argparse
 import statistics
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root
 import common  # noqa: E402
 import simcse_min  # noqa: E402
 

@@ -1,12 +1,15 @@
 """The caches: a model in the Hugging Face cache is used in place, wherever huggingface_hub's
-variables put it (symlinked snapshots, refs/main); a name with glob characters matches only itself;
-SIMCSE_CACHE that is a file or unwritable is one line."""
+variables put it (symlinked snapshots, refs/main, as huggingface_hub writes them); a name with glob
+characters matches only itself; SIMCSE_CACHE that is a file or unwritable is one line; wiki1m.txt
+is fetched once into the cache from the stand-in hub (its bytes the hub's), and a failed download
+leaves no empty folder and names the flag."""
 import hashlib
 import os
 
 import pytest
 
 import common
+from conftest import nowhere
 
 
 def hf_cache_snapshot(hub_cache, name, files):
@@ -63,3 +66,33 @@ def test_simcse_cache_that_is_a_file_or_unwritable_is_one_line(where, hub, tmp_p
     with pytest.raises(common.UserError, match="SIMCSE_CACHE"):
         common.download_senteval()
     assert (tmp_path / "a file").read_text() == "" and not os.path.exists("/sys/simcse-cache")
+
+
+def test_wiki1m_resolves_to_the_simcse_corpus_once(hub, tmp_path, monkeypatch, capsys):
+    corpus = hub.files["datasets/princeton-nlp/datasets-for-simcse/wiki1m_for_simcse.txt"]
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    common.check_file("wiki1m.txt")  # absent, yet known: no problem
+    path = common.resolve_data("wiki1m.txt")
+    assert path == tmp_path / "cache" / "data" / "wiki1m_for_simcse.txt"
+    assert path.read_bytes() == corpus
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and "wiki1m_for_simcse.txt" in notes[0], notes
+    # a large file: the hub, then its CDN
+    assert [host for _, host, _, _ in hub.requests] == ["hub", "cdn"]
+    assert common.resolve_data("wiki1m.txt") == path  # cached now: the server is not asked again
+    assert len(hub.requests) == 2 and not (tmp_path / "cwd" / "wiki1m.txt").exists()
+
+
+@pytest.mark.parametrize("name, flag", [("bert-base-uncased", "--model"),
+                                        ("distilbert-base-uncased", "--generator")])
+def test_failed_download_leaves_no_empty_cache_folder(name, flag, tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "HF_ENDPOINT", nowhere())
+    monkeypatch.setattr(common, "CACHE", tmp_path / "cache")
+    # no snapshot of a real download either
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(common.UserError) as e:
+        # --model: the default
+        common.resolve_model(*(name,) if flag == "--model" else (name, flag))
+    assert "offline" in str(e.value) and flag in str(e.value), str(e.value)
+    assert not (common.CACHE / "models" / name).exists()

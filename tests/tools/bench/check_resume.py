@@ -3,7 +3,7 @@ command line. A run is killed with SIGKILL at a random moment after a random che
 with --resume, and compared with the same run uninterrupted: model.safetensors byte for byte
 (SHA-256) and results.json without its timings.
 
-    python tests/tools/check_resume.py --method esimcse --steps 40 --save_every 7
+    python tests/tools/bench/check_resume.py --method esimcse --steps 40 --save_every 7
 (reads SIMCSE_TEST_MODEL, SIMCSE_TEST_DATA, SIMCSE_SENTEVAL; a few minutes on a CPU; exit status 1
 on a mismatch)"""
 import argparse
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def cli(method, flags, **kw):

@@ -1,10 +1,12 @@
-"""Every method end to end on a tiny BERT, a 48-sentence file and a tiny SentEval folder: a few CPU
-steps, finite numbers, results.json, and a saved model that reloads and gives the vectors the
-evaluation used."""
-import dataclasses
+"""Every method end to end on the tiny world (a 2-layer BERT, 48 sentences, a tiny SentEval
+folder): a few CPU steps, finite numbers, results.json, and a saved model that reloads and gives
+the vectors the evaluation used (the oracle: the evaluation's own DevSet on the reloaded model);
+--test none trains and saves without the test table, and with --dev_file needs no SentEval; the
+command line's errors are one line; the token cache gives back what it stored."""
 import importlib
 import json
 import math
+import random
 import subprocess
 import sys
 
@@ -12,21 +14,18 @@ import pytest
 import torch
 
 import common
-from tiny_world import make_world, stsb_dev
+import diffcse_min
+import esimcse_min
+import simcse_min
+import simcsepp_min
+from conftest import tiny_config
+from tiny_world import sentence, stsb_dev
 
 METHODS = ["simcse", "esimcse", "simcsepp", "diffcse"]
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return make_world(tmp_path_factory.mktemp("world"))
-
-
 def config(module, world, out_dir, **kw):
-    fields = {f.name for f in dataclasses.fields(module.Config)}
-    values = dict(device="cpu", batch_size=8, max_steps=3, eval_every=2, out_dir=str(out_dir),
-                  **world, **kw)
-    return module.Config(**{k: v for k, v in values.items() if k in fields})
+    return tiny_config(module, world, out_dir, max_steps=3, eval_every=2, **kw)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -109,3 +108,40 @@ def test_esimcse_checks_its_repeated_view_against_the_positions(world, tmp_path,
         assert not (tmp_path / "o").exists()
     else:
         assert math.isfinite(esimcse_min.train(cfg)["test"]["Avg"])
+
+
+@pytest.mark.parametrize("module", [simcse_min, esimcse_min, simcsepp_min, diffcse_min],
+                         ids=lambda m: m.__name__)
+def test_a_smoke_run_with_test_none_skips_the_table_and_says_so(module, world, tmp_path,
+                                                              monkeypatch):
+    if module is not diffcse_min:
+        world.pop("generator")
+
+    def no_table(*args, **kwargs):
+        raise AssertionError("--test none computed the test table")
+    monkeypatch.setattr(module, "evaluate_sts", no_table)
+    cfg = module.Config(**world, device="cpu", batch_size=8, max_steps=2, eval_every=1,
+                        test="none", out_dir=str(tmp_path / "run"))
+    results = module.train(cfg)
+    log = (tmp_path / "run" / "log.txt").read_text()
+    assert results["test"] == {} and results["test_details"] == {}
+    assert "no test table (--test none)" in log and len(results["dev_history"]) == 3
+    assert (tmp_path / "run" / "model.safetensors").is_file()
+
+
+def test_dev_file_with_test_none_needs_no_senteval(world, tmp_path, monkeypatch):
+    world.pop("generator")
+    rng = random.Random(0)
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("".join(f"{sentence(rng)}\t{sentence(rng)}\t{i % 5}\n" for i in range(16)))
+    monkeypatch.setattr(common, "HF_ENDPOINT", "http://127.0.0.1:9")  # offline
+    monkeypatch.setattr(common, "CACHE", tmp_path / "empty-cache")  # no SentEval anywhere
+
+    def no_download(*args, **kwargs):
+        raise AssertionError("a run that reads no SentEval file fetched senteval.tar")
+    monkeypatch.setattr(common, "download_senteval", no_download)
+    cfg = simcse_min.Config(**{**world, "senteval": ""}, dev_file=str(pairs), test="none",
+                            device="cpu", batch_size=8, max_steps=2, eval_every=1,
+                            out_dir=str(tmp_path / "run"))
+    results = simcse_min.train(cfg)  # before: the download's AssertionError
+    assert results["test"] == {} and len(results["dev_history"]) == 3

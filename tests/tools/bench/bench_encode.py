@@ -3,7 +3,7 @@ lines (the training sentences cycled, each cut to --words words, a line number a
 none repeats) in fresh processes and reports each process's peak RSS; then `search` over the
 encoded corpus, its time per query. Figures in docs/speed.md.
 
-    python tests/tools/bench_encode.py --model ../shared/models/all-MiniLM-L6-v2 \\
+    python tests/tools/bench/bench_encode.py --model ../shared/models/all-MiniLM-L6-v2 \\
         --data ../shared/data/wiki1m_head.txt --lines 20000"""
 import argparse
 import json
@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def child(argv):

@@ -2,7 +2,7 @@
 for every pooler, timed, with --pooler avg checked against the official SimCSE evaluation.py
 numbers.
 
-    python tests/tools/bench_eval.py --model ../shared/models/all-MiniLM-L6-v2 --senteval
+    python tests/tools/bench/bench_eval.py --model ../shared/models/all-MiniLM-L6-v2 --senteval
     ../shared/data/senteval
 
 Takes ~10 minutes on a 2-core CPU. Exit status 1 when avg differs from the reference by more than
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root
 import common  # noqa: E402
 
 # official evaluation.py --mode test --task_set sts --pooler avg on all-MiniLM-L6-v2
