@@ -1,5 +1,5 @@
-"""The tools a user runs (tests/tools/: make_corpus.py, make_generator.py, bench_scale.py,
-gpu_scale.py, exercise.py) [issue 63]: an existing file or model is replaced only with --overwrite,
+"""The tools a user runs (tests/tools/: make_corpus.py, make_generator.py, bench/bench_scale.py,
+bench/gpu_scale.py, exercise.py) [issue 63]: an existing file or model is replaced only with --overwrite,
 an input never; a mistake is one line and exit status 2, never a traceback."""
 import sys
 

@@ -197,12 +197,3 @@ def test_unused_pretraining_heads_are_noted_once_with_the_reason(tmp_path, capsy
     err = [x for x in capsys.readouterr().err.splitlines() if "not used from the checkpoint" in x]
     assert len(err) == 1 and "pretraining heads" in err[0], err
     assert "seq_relationship.bias" in err[0], err
-
-
-def test_a_roberta_config_whose_padding_leaves_no_position_is_refused(tmp_path):
-    config = dict(model_type="roberta", vocab_size=64, hidden_size=32, num_hidden_layers=1,
-                  num_attention_heads=2, intermediate_size=64, max_position_embeddings=40,
-                  pad_token_id=38)  # positions start at 39: one left
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(common.CheckpointError, match="max_position_embeddings=40, pad_token_id"):
-        common.read_config(tmp_path)

@@ -121,3 +121,12 @@ def test_distilroberta_shaped_mlm_matches_hugging_face(roberta_folders):
     ids, mask = torch.from_numpy(MODEL_REF["ids"]), torch.from_numpy(MODEL_REF["mask"])
     logits = model.mlm_logits(model(ids, mask))
     assert (logits - torch.from_numpy(MODEL_REF["logits"])).abs().max() < 1e-5
+
+
+def test_a_roberta_config_whose_padding_leaves_no_position_is_refused(tmp_path):
+    config = dict(model_type="roberta", vocab_size=64, hidden_size=32, num_hidden_layers=1,
+                  num_attention_heads=2, intermediate_size=64, max_position_embeddings=40,
+                  pad_token_id=38)  # positions start at 39: one left
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(common.CheckpointError, match="max_position_embeddings=40, pad_token_id"):
+        common.read_config(tmp_path)
