@@ -1,6 +1,6 @@
-"""The tools a user runs (tests/tools/: make_corpus.py, make_generator.py, bench/bench_scale.py,
-bench/gpu_scale.py, exercise.py) [issue 63]: an existing file or model is replaced only with --overwrite,
-an input never; a mistake is one line and exit status 2, never a traceback."""
+"""The tools a user runs (tests/tools/: make_corpus.py, make_generator.py, exercise.py; and
+bench/bench_scale.py, bench/gpu_scale.py) [issue 63]: an existing file or model is replaced only
+with --overwrite, an input never; a mistake is one line and exit status 2, never a traceback."""
 import sys
 
 import pytest
