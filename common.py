@@ -2777,10 +2777,8 @@ class Run:
                     if has_checkpoint else ""), file=sys.stderr, flush=True)
                 raise KeyboardInterrupt
             self.signal = self.signal or signum
-            later = ""
-            if self.signals > 1:
-                later = "; no checkpoint yet: one first (again to stop now)"
-            what = "stopping after this step with a checkpoint" + (later or " (again to stop now)")
+            first = "; no checkpoint yet: one first" if self.signals > 1 else ""
+            what = f"stopping after this step with a checkpoint{first} (again to stop now)"
             testing = getattr(self.evaluating, "what", "") == "STS test"
             if testing:  # the loop is over: nothing to stop
                 left = seconds_left(self, self.total, 0) - (time.time() - self.evaluating.start)
