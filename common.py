@@ -862,8 +862,6 @@ def main_guard(fn, *args):
 # --- Files: atomic writes, UTF-8, JSON, safetensors -----------------------------------------------
 # A file is whole or absent; text is UTF-8 or one line; a hostile safetensors header allocates none.
 
-UMASK = os.umask(0o022)  # read it (the only way is to set it) and put it back
-os.umask(UMASK)
 DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
           "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}
 
