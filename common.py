@@ -1319,10 +1319,9 @@ def save_pretrained(model, folder, tokenizer, pooler="cls_before_pooler",
 
 
 def write_dense(linear, folder, dtype):
-    """nn.Linear + tanh as sentence-transformers' Dense saves itself: config.json (the activation by
-    its fullname()), the weights as linear.weight and linear.bias [UKPLab/sentence-transformers
-    models/Dense.py @13b4da2, save()]; in model.safetensors, as 6.2.0 writes and reads them
-    (tests/fixtures/pooler_ref.json "dense_format", from make_pooler_fixtures.py)."""
+    """nn.Linear + tanh as sentence-transformers' Dense saves itself [UKPLab/sentence-transformers
+    models/Dense.py @13b4da2, save()]: config.json (the activation by its fullname()), linear.weight
+    and linear.bias in model.safetensors, as 6.2.0 reads them (pooler_ref.json "dense_format")."""
     folder.mkdir(exist_ok=True)
     write_json(folder / "config.json", {
         "in_features": linear.in_features, "out_features": linear.out_features, "bias": True,
