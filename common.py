@@ -900,8 +900,8 @@ def atomic_write(path, mode="w"):
     except (AttributeError, OSError):  # not Linux, or a file system without unnamed files
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         named = True
-    try:
-        with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
+    try:  # naming: a full disk says which file
+        with naming(path), os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -910,11 +910,9 @@ def atomic_write(path, mode="w"):
                 os.link(f"/proc/self/fd/{fd}", tmp, src_dir_fd=fd)  # an absolute path ignores
                 named = True
         os.replace(tmp, path)
-    except BaseException as e:
+    except BaseException:
         if named:
             tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError) and e.filename is None:
-            e.filename = str(path)  # a full disk: say which file
         raise
 
 
@@ -2355,7 +2353,8 @@ def load_checkpoint(path):
         raise CheckpointError(f"{path} is not a readable checkpoint ({type(e).__name__})") from None
     if not (isinstance(ckpt, dict) and isinstance(ckpt.get("config"), dict)):
         raise CheckpointError(f"{path} is not a checkpoint of this program")
-    if ckpt.get("format") != 6:  # 6: the dev file's SHA-256 too
+    if ckpt.get("format") != 6:  # 6: the dev file's SHA-256 too (5: the best state among the
+        # objects, torch's RNGs only)
         raise CheckpointError(f"{path} was written by an older simcse-min (format "
                               f"{ckpt.get('format')!r}); start the run again")
     return ckpt
@@ -2407,7 +2406,8 @@ def set_rng_states(states, device, seed):
     """The inverse of rng_states -> '' or a note: a GPU with no saved state (saved on the CPU or
     on fewer GPUs) draws from `seed` (the same resume draws the same, a new run would not)."""
     torch.set_rng_state(states["torch"])
-    for i, state in enumerate(states["cuda"][:torch.cuda.device_count()]):  # 0 without CUDA
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for i, state in enumerate(states["cuda"][:visible]):
         torch.cuda.set_rng_state(state, i)
     if device.type != "cuda":
         return ""
@@ -2421,7 +2421,7 @@ def set_rng_states(states, device, seed):
 
 def restore_checkpoint(run, checkpointed):
     """Every object in `checkpointed` (the best state too) and the RNGs back as they were after the
-    checkpoint's step -> (that step, its stats for its evaluation's log, the histories up to it)."""
+    checkpoint's step -> (that step, its stats, the histories up to it)."""
     ckpt = run.resumed
     path = run.out / "checkpoint.pt"
     started = {"data_sha256": f"the data file {run.cfg.data}",  # the files the run started on
@@ -2467,7 +2467,8 @@ def restore_checkpoint(run, checkpointed):
             f"{best['step']})")
     for note in filter(None, notes):
         run.log(f"note: {note}")
-    return ckpt["step"], ckpt.get("stats", {}), (dev_history, stats_history, align_uniform)
+    histories = dev_history, stats_history, align_uniform
+    return ckpt["step"], ckpt.get("stats", {}), histories  # the stats: its evaluation logs them
 
 
 CAUGHT = []  # the signals catch_signals caught during main_guard's command: it reads them
@@ -2507,8 +2508,9 @@ class Progress:
 
 
 class LossWatch:
-    """A non-finite loss stops the run (exit status 3), keeping the best model so far. Its first
-    step is noted on the device, read every 10 steps and before an evaluation or save [issue 30]."""
+    """A non-finite loss stops the run (exit status 3), keeping the best model so far. The first
+    such step is noted on the device and read every 10 steps and before each evaluation or save:
+    a .item() per step would make the CPU wait for the GPU at every step [issue 30]."""
 
     def __init__(self):
         self.first, self.value = torch.tensor(0), torch.tensor(0.0)  # the first bad step; its loss
@@ -2684,9 +2686,10 @@ class Run:
         return self.evaluating
 
     def after_step(self, step, loss, stats, checkpointed):
-        """After optimizer step `step`: its progress line; a non-finite loss -> True (stop: finish()
-        exits with status 3); a checkpoint every save_every steps and at the end; a Ctrl-C or
-        SIGTERM: a checkpoint, then exit status 128 + signal. The final evaluation is resumable."""
+        """After optimizer step `step`: its progress line; a non-finite loss (read every 10
+        steps and before an evaluation or a checkpoint) -> True: stop, and finish() exits with
+        status 3; the checkpoint every save_every steps and at the end; a Ctrl-C or SIGTERM: a
+        checkpoint, then exit status 128 + signal. The final evaluation can be resumed."""
         self.watch.note(loss, step)
         self.log_progress(step, stats)
         signal_number = self.signal_received(step)
@@ -2733,8 +2736,9 @@ class Run:
                      f"kept")
 
     def save_checkpoint(self, step, checkpointed, stats):
-        """out_dir/checkpoint.pt (rank 0): all it takes to go on after `step` as if never stopped:
-        the objects in `checkpointed` (model, heads, optimizer, best state...), RNGs, histories."""
+        """out_dir/checkpoint.pt (rank 0): all it takes to continue after `step` as if never
+        stopped: the objects in `checkpointed` (model, heads, optimizer, best state...), RNGs,
+        histories."""
         if self.rank > 0:  # the other ranks hold the same state
             return
         self.saving = True  # a second signal waits for the checkpoint to be whole
@@ -2811,8 +2815,9 @@ class Run:
     def finish(self, test, best):
         """The test table logged, results.json in out_dir beside the saved model, the run released
         (rank 0); a run stopped by a non-finite loss: then TrainingStopped, exit status 3."""
-        if self.stopped:
-            self.log(self.stopped)
+        stopped = self.stopped
+        if stopped:
+            self.log(stopped)
         self.log(format_table(test) if test else "no test table (--test none)")
         results = {"method": self.method, "config": dataclasses.asdict(self.cfg),
                    "dev_history": self.dev_history, "stats_history": self.stats_history,
@@ -2821,14 +2826,14 @@ class Run:
                    "test": {k: round(v, 4) for k, v in test.items() if k != "details"},
                    "test_details": test.get("details", {}),
                    "train_seconds": round(time.time() - self.started, 1),
-                   **({"stopped": self.stopped} if self.stopped else {})}
+                   **({"stopped": stopped} if stopped else {})}
         write_json(self.out / "results.json", results)
         (self.out / "checkpoint.pt").unlink(missing_ok=True)
         self.log(f"best {'dev' if self.cfg.dev_file else 'stsb_dev'} {best['dev']:.2f} @ step "
                  f"{best['step']}; model and results.json in {self.out}")
         self.release()
-        if self.stopped:
-            raise TrainingStopped(f"{self.stopped}; the best model (step {best['step']}) is in "
+        if stopped:
+            raise TrainingStopped(f"{stopped}; the best model (step {best['step']}) is in "
                                   f"{self.out}")
         return results
 
