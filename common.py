@@ -862,8 +862,6 @@ def main_guard(fn, *args):
 # --- Files: atomic writes, UTF-8, JSON, safetensors -----------------------------------------------
 # A file is whole or absent; text is UTF-8 or one line; a hostile safetensors header allocates none.
 
-UMASK = os.umask(0o022)  # read it (the only way is to set it) and put it back
-os.umask(UMASK)
 DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
           "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}
 
@@ -902,8 +900,8 @@ def atomic_write(path, mode="w"):
     except (AttributeError, OSError):  # not Linux, or a file system without unnamed files
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         named = True
-    try:
-        with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
+    try:  # naming: a full disk says which file
+        with naming(path), os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -912,11 +910,9 @@ def atomic_write(path, mode="w"):
                 os.link(f"/proc/self/fd/{fd}", tmp, src_dir_fd=fd)  # an absolute path ignores
                 named = True
         os.replace(tmp, path)
-    except BaseException as e:
+    except BaseException:
         if named:
             tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError) and e.filename is None:
-            e.filename = str(path)  # a full disk: say which file
         raise
 
 
@@ -1321,10 +1317,9 @@ def save_pretrained(model, folder, tokenizer, pooler="cls_before_pooler",
 
 
 def write_dense(linear, folder, dtype):
-    """nn.Linear + tanh as sentence-transformers' Dense saves itself: config.json (the activation by
-    its fullname()), the weights as linear.weight and linear.bias [UKPLab/sentence-transformers
-    models/Dense.py @13b4da2, save()]; in model.safetensors, as 6.2.0 writes and reads them
-    (tests/fixtures/pooler_ref.json "dense_format", from make_pooler_fixtures.py)."""
+    """nn.Linear + tanh as sentence-transformers' Dense saves itself [UKPLab/sentence-transformers
+    models/Dense.py @13b4da2, save()]: config.json (the activation by its fullname()), linear.weight
+    and linear.bias in model.safetensors, as 6.2.0 reads them (pooler_ref.json "dense_format")."""
     folder.mkdir(exist_ok=True)
     write_json(folder / "config.json", {
         "in_features": linear.in_features, "out_features": linear.out_features, "bias": True,

@@ -2,6 +2,7 @@
 numpy: the oracle), bf16, the MLM head; a saved vocab.txt tokenizes as its source did, and a run's
 files get the user's usual permissions with no temporary left."""
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -169,7 +170,9 @@ def test_written_files_get_the_usual_permissions(world, tmp_path):
     import simcse_min
     out = tmp_path / "out"
     simcse_min.train(tiny_config(simcse_min, world, out, eval_every=2))
-    want = 0o666 & ~common.UMASK
+    umask = os.umask(0o022)  # read it (the only way is to set it) and put it back
+    os.umask(umask)
+    want = 0o666 & ~umask
     modes = {p.name: p.stat().st_mode & 0o777 for p in out.rglob("*") if p.is_file()}
     assert modes and all(m == want for m in modes.values()), (oct(want), modes)
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left
