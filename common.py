@@ -1117,7 +1117,8 @@ SKIPPED = {"embeddings.position_ids", "cls.predictions.decoder.bias", "lm_head.d
 def read_weights(name_or_dir, mlm_head=False, quiet=False):
     """A model folder or known name -> (BertConfig, its weights in our names). Every tensor the
     model needs, shaped as config.json says: compared with a model built on the meta device (no
-    memory), so a hostile config.json allocates nothing; the vocabulary must fit the embeddings."""
+    memory), so a hostile config.json allocates nothing; the vocabulary must fit the embeddings.
+    The tensors left out are noted unless quiet; quiet="heads": all but the pretraining heads."""
     folder = resolve_model(name_or_dir)
     cfg = read_config(folder)
     tensors = read_tensors(folder)  # with BERT's pooler, if any: --pooler cls [evaluation.py]
@@ -1130,8 +1131,8 @@ def read_weights(name_or_dir, mlm_head=False, quiet=False):
     if words > cfg.vocab_size:  # a token id past the embedding rows would fail mid-training
         raise CheckpointError(f"{folder}: its vocabulary has {words} tokens, its embeddings "
                               f"{cfg.vocab_size} rows (config.json vocab_size): two models mixed")
-    if unused and not quiet:
-        note_unused(folder, tuple(sorted(unused)))
+    if unused and quiet is not True:
+        note_unused(folder, tuple(sorted(unused)), heads_too=not quiet)
     return cfg, state
 
 
@@ -1234,10 +1235,13 @@ def rename_checkpoint(tensors, model_type, expected, mlm_head):
 
 
 @functools.cache  # said once a process: DiffCSE loads the same model twice
-def note_unused(folder, unused):
-    """The checkpoint's tensors the model leaves out (`unused`: their names, sorted)."""
+def note_unused(folder, unused, heads_too=True):
+    """The checkpoint's tensors the model leaves out (`unused`: their names, sorted); only
+    heads_too notes a checkpoint's pretraining heads alone."""
     heads = all(re.match(r"(bert\.|roberta\.)?(pooler|cls|lm_head|vocab_\w+)\.", k)
                 for k in unused)  # BERT's pooler and MLM/NSP heads, RoBERTa's, DistilBERT's
+    if heads and not heads_too:
+        return
     why = " (pretraining heads: each method trains its own)" if heads else ""
     parts = {}  # first name -> its keys: a training model's other parts (DiffCSE's release)
     for key in unused:
@@ -3957,8 +3961,10 @@ def run_analyze(args):
     return models
 
 
-def load_encoder(name, device):  # a checked model folder or known name (fetched in Part 2)
-    return Tokenizer.from_pretrained(name), Bert.from_pretrained(name).to(device)
+def load_encoder(name, device):
+    """A checked model folder or known name (fetched in Part 2), on device. Its pretraining heads
+    go unsaid (the vectors never use them); a training model's other parts are named."""
+    return Tokenizer.from_pretrained(name), Bert.from_pretrained(name, quiet="heads").to(device)
 
 
 def check_cli_inputs(args, names, modes, runs=()):

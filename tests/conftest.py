@@ -63,13 +63,12 @@ def fingerprint(folder):
 
 @pytest.fixture(scope="session")
 def tiny_world(tmp_path_factory):
-    """tiny_world.make_world, built once a session: a 2-layer BERT with BERT's pooler (as
-    bert-base-uncased and every released checkpoint [issue 57]), DiffCSE's generator with its MLM
-    head, 48 training sentences and a SentEval folder. Read-only: the mapping cannot be changed,
+    """tiny_world.make_world, built once a session: a 2-layer BERT with BERT's pooler and MLM head
+    (as bert-base-uncased and every released checkpoint [issue 57]), DiffCSE's generator, 48 training sentences and a SentEval folder. Read-only: the mapping cannot be changed,
     and the files must end as they were built (a test that changes one works on a copy in its
     tmp_path)."""
     root = tmp_path_factory.mktemp("tiny-world")
-    paths = make_world(root, pooler=True)
+    paths = make_world(root, pooler=True, mlm_head=True)
     built = fingerprint(root)
     yield types.MappingProxyType(paths)
     assert fingerprint(root) == built, "a test changed the shared tiny world's files"
@@ -206,6 +205,13 @@ def hub(recorded_hub_files, tmp_path, monkeypatch):
             monkeypatch.delenv(var, raising=False)
         monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-hub"))
         yield h
+
+
+@pytest.fixture(autouse=True)
+def unused_tensors_noted_anew():
+    """common.note_unused says a checkpoint's unused tensors once a process; each test is its own
+    command, so each test sees the note as a user's run does, whatever ran before it."""
+    common.note_unused.cache_clear()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -6,6 +6,7 @@ named as the table's keys) [issue 52]."""
 import argparse
 import json
 import random
+import shutil
 import subprocess
 import sys
 
@@ -168,6 +169,18 @@ def test_no_traceback_after_the_work(world, tmp_path):
             "eval", "--model", world["model"], "--sts_file", str(tmp_path / name), "--device",
             "cpu", "--json", str(tmp_path / "r.json")])
         assert results["details"]["sts_file"]["test"]["n"] == 3
+
+
+def test_using_a_model_names_a_training_models_parts_not_its_pretraining_heads(world, tmp_path,
+                                                                             capsys):
+    common.load_encoder(world["model"], "cpu")  # BERT's pooler and MLM head, as released
+    assert capsys.readouterr().err == ""
+    shutil.copytree(world["model"], tmp_path / "m")
+    tensors = common.read_safetensors(tmp_path / "m" / "model.safetensors")
+    tensors["discriminator.dense.weight"] = tensors["cls.predictions.bias"]  # DiffCSE's release
+    common.write_safetensors(tmp_path / "m" / "model.safetensors", tensors)
+    common.load_encoder(str(tmp_path / "m"), "cpu")
+    assert "not used from the checkpoint: cls.predictions.bias" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("text, why", [

@@ -72,13 +72,13 @@ def make_senteval(root, n=8, seed=0):
     return root
 
 
-def make_world(tmp, pooler=False):
-    """A model (pooler: with BERT's), DiffCSE's generator (an MLM head), 48 sentences, a SentEval
-    folder."""
+def make_world(tmp, pooler=False, mlm_head=False):
+    """A model (pooler: with BERT's; mlm_head: with BERT's MLM head, as every released checkpoint),
+    DiffCSE's generator (an MLM head), 48 sentences, a SentEval folder."""
     rng = random.Random(1)
     data = tmp / "train.txt"
     data.write_text("".join(sentence(rng) + "\n" for _ in range(48)))
-    model = make_model(tmp / "model", pooler=pooler)
+    model = make_model(tmp / "model", mlm_head=mlm_head, pooler=pooler)
     generator = make_model(tmp / "generator", mlm_head=True, pooler=pooler)
     return dict(model=str(model), generator=str(generator), data=str(data),
                 senteval=str(make_senteval(tmp / "senteval")))

@@ -1199,4 +1199,9 @@ MUTANTS = [
            "    width = ids.size(2) + 9 if fixed else None\n",
            "    width = ids.size(2) + 9 if fixed else None  # 9: randrange(10)\n",
            "a quarter of the lines end in a comment", ["test_method_file_style.py"]),
+    Mutant("encoder-notes-pretraining-heads", C,
+           'Bert.from_pretrained(name, quiet="heads").to(device)',
+           "Bert.from_pretrained(name).to(device)",
+           "encode and search with a released checkpoint open with a line on its MLM head",
+           [UM + "test_using_a_model_names_a_training_models_parts_not_its_pretraining_heads"]),
 ]
