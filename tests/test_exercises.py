@@ -136,3 +136,18 @@ def test_one_exercise_end_to_end_through_the_oracle_tests(tree):
         listed = subprocess.run(["git", "status", "--porcelain", "--ignored"], cwd=tree,
                                 capture_output=True, text=True).stdout
         assert not listed.strip(), listed
+
+
+def test_start_into_a_pipe_its_reader_closed_ends_quietly(tree):
+    """`start dcl | head -n 1`: head is gone before the rest is written. As common.main_guard
+    does: no traceback, exit 1, and the exercise started all the same. Python's default buffering:
+    the error comes at the last flush."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    done = subprocess.run([sys.executable, "tests/tools/exercise.py", "start", "dcl"], cwd=tree,
+                          stdout=write_end, stderr=subprocess.PIPE, text=True, env=env)
+    os.close(write_end)
+    started = exercise.store("simcsepp_min.py", "dcl_loss", tree).is_file()
+    assert cli(tree, "reset", "dcl")[0] == 0
+    assert done.returncode == 1 and not done.stderr and started, done.stderr

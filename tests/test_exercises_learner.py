@@ -1,8 +1,9 @@
 """What a learner's code and edits do to tests/tools/exercise.py [issue 62], each on a fresh copy of
-the tree: a body that does not parse, loops, exits or interrupts is graded in one line, and so is
-Ctrl-C; `reset` gives the bytes back from a file that does not parse, whose function was deleted,
-with CRLF line ends or comments after the last statement, and keeps the learner's other edits; an
-exercise never started is not graded; a copy without git (a zip download) works."""
+the tree: a body that does not parse, loops, exits or interrupts is graded in one line, and so are
+Ctrl-C and SIGTERM, which end its child too; `reset` gives the bytes back from a file that does not
+parse, whose function was deleted, with CRLF line ends or comments after the last statement, and
+keeps the learner's other edits; an exercise never started is not graded; a copy without git (a zip
+download) works."""
 import contextlib
 import os
 import re
@@ -125,36 +126,41 @@ def test_start_says_where_ours_can_still_be_seen(tree):
 
 @pytest.mark.parametrize("body, says", [("import sys; sys.exit(0)", "raised SystemExit"),
                                         ("raise KeyboardInterrupt", "raised KeyboardInterrupt"),
-                                        ("import os; os._exit(0)", "ended the process")])
+                                        ("import os; os._exit(0)", "ended the process"),
+                                        # on the oracle tests' inputs, not on the probe's
+                                        ("if len(h1) < 6: raise KeyboardInterrupt\nreturn h1.sum()",
+                                         "raised KeyboardInterrupt in the oracle tests")])
 def test_a_body_that_exits_or_interrupts_fails_in_one_line(tree, body, says):
-    answer(started(tree, "dcl"), body)
+    answer(started(tree, "dcl"), *body.split("\n"))
     code, out = exercise.tool(tree, "check", "dcl")
     assert code == 1 and one_line(out) and out.startswith("FAIL dcl") and says in out, out
 
 
-def test_an_endless_loop_fails_in_one_line_at_the_time_limit(tree):
+@pytest.mark.parametrize("limit, sig, code, says", [
+    ("5", None, 1, "did not return within 5 s"),
+    ("300", signal.SIGINT, 130, "stopped by Ctrl-C"),  # as a terminal sends it: to the group
+    ("300", signal.SIGTERM, 143, "stopped by SIGTERM")])  # as `kill PID` does: to check alone
+def test_an_endless_loop_ends_check_and_its_child_in_one_line(tree, limit, sig, code, says):
+    """At the time limit, on Ctrl-C, on SIGTERM: check ends the child that runs the loop."""
     assert exercise.LIMIT >= 4 * 70  # attention's pass: 70 s on two cores under five other jobs
-    answer(started(tree, "dcl"), "while True:", "    pass")
-    cmd = [sys.executable, "tests/tools/exercise.py", "check", "dcl", "--timeout", "5"]
+    answer(started(tree, "dcl"), "open('looping', 'w').close()", "while True:", "    pass")
+    cmd = [sys.executable, "tests/tools/exercise.py", "check", "dcl", "--timeout", limit]
     check = subprocess.Popen(cmd, cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, start_new_session=True)
+    deadline = time.time() + 60
+    while sig and not (tree / "looping").exists() and time.time() < deadline:
+        time.sleep(0.1)  # until the oracle tests' child is in the loop
+    if sig == signal.SIGINT:
+        os.killpg(check.pid, sig)
+    elif sig:
+        check.send_signal(sig)
     try:
         out = check.communicate(timeout=120)[0]
     finally:
         with contextlib.suppress(ProcessLookupError):  # the loop's process, if check left it
             os.killpg(check.pid, signal.SIGKILL)
-    assert check.returncode == 1 and one_line(out) and "did not return within 5 s" in out, out
-
-
-def test_ctrl_c_ends_check_in_one_line(tree):
-    answer(started(tree, "dcl"), "while True:", "    pass")
-    cmd = [sys.executable, "tests/tools/exercise.py", "check", "dcl"]
-    check = subprocess.Popen(cmd, cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True, start_new_session=True)
-    time.sleep(5)  # in the oracle tests by now
-    os.killpg(check.pid, signal.SIGINT)  # as a terminal sends it: to the whole group
-    out = check.communicate(timeout=60)[0]
-    assert check.returncode == 130 and one_line(out) and "stopped by Ctrl-C" in out, out
+            out = "check left the loop running"
+    assert check.returncode == code and one_line(out) and says in out, out
 
 
 def test_a_function_edited_before_start_is_still_graded(tree):

@@ -26,6 +26,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -384,13 +385,19 @@ COUNTER = itertools.count()
 
 
 def child(cmd, limit):
-    """A child process that may never end, or end us: None when it ran out of time."""
+    """A child process that may never end, or end us: None when it ran out of time. It ends with
+    us, whatever ends us (Ctrl-C, SIGTERM), and is waited for: nothing of it is left running."""
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    try:
-        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                              errors="replace", stdin=subprocess.DEVNULL, timeout=limit)
-    except subprocess.TimeoutExpired:
-        return None
+    with subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, errors="replace", stdin=subprocess.DEVNULL) as process:
+        try:
+            out, err = process.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            return None
+        finally:  # killed and waited for: subprocess.run leaves it a zombie on Ctrl-C
+            process.kill()
+            process.wait()
+    return subprocess.CompletedProcess(cmd, process.returncode, out, err)
 
 
 def run_tests(ex, limit):
@@ -398,6 +405,15 @@ def run_tests(ex, limit):
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short",
            *(f"tests/{t}" for t in ex.tests)]
     return child(cmd, limit)
+
+
+def interrupted(done):
+    """Where yours raised KeyboardInterrupt in the oracle tests (' (simcsepp_min.py line 133)'; ''
+    where pytest does not say), or None when it did not: pytest then stops, exit status 2."""
+    if done.returncode != 2 or not re.search(r"^!+ KeyboardInterrupt !+$", done.stdout, re.M):
+        return None
+    at = re.search(r"^(.+):(\d+): KeyboardInterrupt$", done.stdout, re.M)
+    return f" ({Path(at[1]).name} line {at[2]})" if at else ""
 
 
 def passed(done):
@@ -550,6 +566,11 @@ def check(ex, limit=LIMIT):
         print(f"PASS {ex.name}: its oracle tests ({done.stdout.strip().splitlines()[-1]}), in "
               f"{time.time() - begin:.0f} s. `git diff {ex.file}` shows yours against ours.")
         return True
+    where = interrupted(done)
+    if where is not None:
+        print(f"FAIL {ex.name}: yours raised KeyboardInterrupt in the oracle tests{where}: a "
+              f"function returns its value, it never interrupts nor exits")
+        return False
     verdict = run_match(ex, limit)
     print(late if verdict is None else why_it_failed(ex, done, verdict))
     return False
@@ -630,12 +651,34 @@ def main():
         sys.exit(f"error: no exercise named {', '.join(unknown)} (see `list`)")
     if args.timeout < 1:
         sys.exit(f"error: --timeout {args.timeout}: give it 1 second or more")
+    signal.signal(signal.SIGTERM, terminated)  # `kill PID`: ends check's child too, as Ctrl-C
     try:
-        run(args)
+        try:
+            run(args)
+        finally:  # a reader gone (`start dcl | head -n 1`) is found here, not at exit
+            sys.stdout.flush()
+    except BrokenPipeError:  # the reader has all it wanted, as in common.main_guard
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # [Python docs: SIGPIPE]
+        sys.exit(1)
     except KeyboardInterrupt:
-        print(f"exercise.py {args.command}: stopped by Ctrl-C (no file is left half written)",
-              file=sys.stderr)
-        sys.exit(130)
+        stopped_by("Ctrl-C", 130, args.command)
+    except Terminated:
+        stopped_by("SIGTERM", 128 + signal.SIGTERM, args.command)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the code is, as Ctrl-C raises KeyboardInterrupt."""
+
+
+def terminated(signum, frame):
+    raise Terminated()
+
+
+def stopped_by(what, code, command):
+    """One line and the exit status; check's child, if any, was ended on the way out (child)."""
+    print(f"exercise.py {command}: stopped by {what} (no file is left half written)",
+          file=sys.stderr)
+    sys.exit(code)
 
 
 def run(args):
