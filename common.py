@@ -1927,11 +1927,11 @@ def check_out_dir(out, overwrite, inputs=(), resumed=False):
     if Path(os.path.realpath(out)) in {Path("/"), Path.home().resolve(), PROJECT}:
         raise UserError(f"--out_dir {out} is /, the home folder or the project's folder, never a "
                         f"run's: pick a new folder, such as runs/NAME")
-    held = [n for n in ("results.json", "checkpoint.pt", "model.safetensors") if (out / n).exists()]
+    whose, held = held_by(out)
     if held and not overwrite and not resumed:
         resume = f"--resume {out} to continue it, " if held == ["checkpoint.pt"] else ""
-        raise UserError(f"--out_dir {out} already holds a run ({', '.join(held)}); pass {resume}"
-                        f"--overwrite to replace it, or another --out_dir")
+        raise UserError(f"--out_dir {out} already holds a {whose} ({', '.join(held)}); pass "
+                        f"{resume}--overwrite to replace it, or another --out_dir")
     left = temporaries([out / n for n in OUTPUTS])  # a killed write's, ours to clear
     ours = {n.split("/")[0] for n in OUTPUTS} | {p.name for p in left}
     others = sorted(p.name for p in out.iterdir() if p.name not in ours) if out.is_dir() else []
@@ -2009,12 +2009,25 @@ def owner(folder, name):
         return "a file in SentEval's folder"  # downstream/ or the folder above [senteval.tar]
     if str(name) not in OUTPUTS:  # a file of the user's own there (eval.json): theirs to write
         return ""
-    if any((folder / n).is_file() for n in ("results.json", "checkpoint.pt")):
-        return "a file of the training run in"
-    weights = [folder / n for n in ("model.safetensors", "pytorch_model.bin")]
-    if (folder / "config.json").is_file() and any(w.is_file() for w in weights):
-        return "a file of the model folder"
-    return ""
+    whose, held = held_by(folder)
+    return f"a file of the {whose} in" if held else ""
+
+
+RUN_FILES = ("results.json", "checkpoint.pt")  # a folder holding one is a training run's
+
+
+def held_by(folder):
+    """What makes `folder` one that only --overwrite replaces -> (whose, those files): a training
+    run's (RUN_FILES: a run writes checkpoint.pt before its model, results.json before it removes
+    checkpoint.pt), else a model's (config.json and its weights), else ('', [])."""
+    run = [n for n in RUN_FILES if (folder / n).is_file()]
+    if run:
+        return "training run", run
+    model = [n for n in ("config.json", "model.safetensors", "pytorch_model.bin")
+             if (folder / n).is_file()]
+    if "config.json" in model and len(model) > 1:
+        return "model folder", model
+    return "", []
 
 
 def check_positions(model, max_len, extra=0, flag="--model"):
@@ -2277,13 +2290,13 @@ def out_dir_of(cfg, method):
 
 
 def open_out_dir(run):
-    """Create out_dir (one this run found absent: exclusively, then lock it), clear what was left
-    there (a killed write's temporary files; --overwrite: the old run's outputs), start log.txt
-    (never through a link) with the log so far -> (log.txt, the lock of a folder made here, else
-    None); rank > 0: (None, None). Before this a bad input leaves no file."""
-    lock = None
+    """Create out_dir if this run found none (exclusively, then lock it), clear what was left there
+    (a killed write's temporary files; --overwrite: the old run's outputs), start log.txt (never
+    through a link) with the log so far -> (log.txt, out_dir's lock); rank > 0: (None, None).
+    Before this a bad input leaves no file."""
     if run.rank > 0:
-        return None, lock
+        return None, None
+    lock = run.lock  # taken in Run.__init__ if the folder was there
     if not run.out_existed:
         run.out.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -2300,7 +2313,7 @@ def open_out_dir(run):
         log.unlink(missing_ok=True)  # a link is removed, never followed
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)  # a link:
     log_file = open(os.open(log, flags, 0o666), "a", encoding="utf-8")  # ELOOP, one line
-    log_file.write("".join(m + "\n" for m in run.log_lines))
+    log_file.write(run.log_file.getvalue())  # the lines logged so far
     log_file.flush()
     return log_file, lock
 
@@ -2319,8 +2332,6 @@ def read_resumed_run(cfg, method):
     if cfg.out_dir and Path(cfg.out_dir).expanduser().absolute() != out.absolute():
         raise UserError(f"--out_dir {cfg.out_dir}: a resumed run stays in its folder {out}; "
                         f"leave --out_dir out")
-    if not out.is_dir():
-        raise UserError(f"--resume {cfg.resume}: no such folder")
     if (out / "results.json").exists():
         raise RunFinished(f"the run in {out} has finished (results.json is there): nothing to do")
     ckpt = load_checkpoint(out / "checkpoint.pt")
@@ -2346,7 +2357,8 @@ def read_resumed_run(cfg, method):
 def load_checkpoint(path):
     """checkpoint.pt as saved by save_checkpoint; never runs pickled code (weights_only)."""
     if not path.is_file():
-        raise CheckpointError(f"--resume: there is no checkpoint {path}")
+        raise CheckpointError(f"--resume: there is no checkpoint {path}: name the folder of a "
+                              f"run that saved one")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, corrupt, or holding anything but tensors and plain data
@@ -2429,9 +2441,6 @@ def restore_checkpoint(run, checkpointed):
         if ckpt.get(key) != getattr(run, key):
             raise UserError(f"--resume {run.out}: {what} changed since the run started (its "
                             f"SHA-256 differs); resume with the one it was started on")
-    if (ckpt.get("rows"), ckpt.get("total")) != (run.n_rows, run.total):
-        raise UserError(f"--resume {run.out}: the data has {run.n_rows} rows / {run.total} steps "
-                        f"now but {ckpt.get('rows')} / {ckpt.get('total')} in the checkpoint")
     seed = run.cfg.seed + 1000 * ckpt.get("step", 0)  # for what must be reseeded
     was = ckpt.get("device")
     notes = [f"saved on {was}, continued on {run.device.type}: the arithmetic and random draws "
@@ -2568,10 +2577,10 @@ class Run:
     def __init__(self, cfg, script, models=("model",)):
         self.cfg = cfg
         self.method = method = Path(script).stem.removesuffix("_min")  # simcse, ..., diffcse
-        self.lock = self.log_file = None  # out_dir's, once locked; log.txt, once start() opens it
-        self.log_lines = []  # the log waits for start()
+        self.lock = None  # out_dir's, once locked
+        self.log_file = io.StringIO()  # log.txt once start() opens it; till then, the log here
         self.old_handlers = {}  # catch_signals: the handlers it replaced
-        self.data_sha256 = self.tokenizer_sha256 = self.n_rows = None  # load_data: for --resume
+        self.data_sha256 = self.tokenizer_sha256 = None  # load_data: for --resume
         self.pooler = "cls_before_pooler"  # the test vector; load_data: supervised, "cls"
         self.total = self.opt = self.sched = None  # start(): the steps; skipped_steps reads these
         self.signal = self.signals = 0  # the signal caught (its number); how many so far
@@ -2615,11 +2624,8 @@ class Run:
         """Print, and append to out_dir/log.txt (held back until start() opens out_dir). Rank 0."""
         if self.rank == 0:
             print(msg, flush=True)
-            if self.log_lines is not None:
-                self.log_lines.append(msg)
-            else:
-                self.log_file.write(msg + "\n")
-                self.log_file.flush()
+            self.log_file.write(msg + "\n")
+            self.log_file.flush()
 
     load_model = load_model  # Tokenizer and Bert of --model (or --generator), on the CPU
 
@@ -2634,7 +2640,6 @@ class Run:
         self.log(f"data {self.cfg.data}: {len(data)} rows x {data.cols} column(s), "
                  + ("read from the token cache" if hit else "tokenized") + f" in {seconds:.1f}s")
         self.data_sha256 = data.sha256
-        self.n_rows = len(data)
         self.tokenizer_sha256 = tokenizer_sha256(tok)
         if data.cols > 1:
             self.pooler = "cls"
@@ -2661,10 +2666,7 @@ class Run:
             self.dev_history, self.stats_history, self.align_uniform = histories
             self.first_step = step
         self.opt, self.sched = checkpointed["opt"], checkpointed["sched"]  # for skipped_steps
-        self.log_file, made_lock = open_out_dir(self)  # log.txt, with the lines logged so far
-        self.log_lines = None  # from now on log() writes to log.txt
-        if made_lock is not None:
-            self.lock = made_lock
+        self.log_file, self.lock = open_out_dir(self)  # log.txt, with the lines logged so far
         self.catch_signals()
         return step, stats
 
@@ -2695,7 +2697,10 @@ class Run:
         if due or signal_number:
             self.save_checkpoint(step, checkpointed, stats)
         if signal_number:
-            self.exit_on_signal(step)
+            self.log(f"{signal.Signals(signal_number).name} at step {step}: checkpoint saved; "
+                     f"continue with --resume {self.out}")
+            self.release()
+            sys.exit(128 + signal_number)
         return False
 
     def log_progress(self, step, stats):
@@ -2739,7 +2744,7 @@ class Run:
         start = time.time()
         try:
             state = {"format": 6, "method": self.method, "step": step, "total": self.total,
-                     "rows": self.n_rows, "data_sha256": self.data_sha256, "rng": rng_states(),
+                     "data_sha256": self.data_sha256, "rng": rng_states(),
                      "tokenizer_sha256": self.tokenizer_sha256, "dev_sha256": self.dev_sha256,
                      "device": self.device.type, "config": dataclasses.asdict(self.cfg),
                      "stats": {k: float(v) for k, v in stats.items()},
@@ -2759,7 +2764,7 @@ class Run:
 
     def catch_signals(self):
         """Ctrl-C / SIGTERM set self.signal: after_step saves a checkpoint at the step's end and
-        exits 128 + signal (exit_on_signal); the final evaluation and save just go on. A second one
+        exits 128 + signal; the final evaluation and save just go on. A second one
         stops at once if a checkpoint is there and none is being written (else a third one does)."""
         def handler(signum, frame):
             self.signals += 1
@@ -2781,7 +2786,7 @@ class Run:
                     "now, --resume then redoes it"
             line = f"{signal.Signals(signum).name}: {what}"
             print("\n" + line, file=sys.stderr, flush=True)
-            if testing and self.log_file:  # in the steps, exit_on_signal logs it [issue 55]
+            if testing and self.log_file:  # in the steps, after_step logs it [issue 55]
                 self.log_file.write(line + "\n")
                 self.log_file.flush()
         with contextlib.suppress(ValueError):  # handlers can only be set in the main thread
@@ -2796,13 +2801,6 @@ class Run:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             self.signal = int(flag)
         return self.signal
-
-    def exit_on_signal(self, step):
-        """Say how to continue, then exit 128 + signal (the checkpoint of `step` is saved)."""
-        self.log(f"{signal.Signals(self.signal).name} at step {step}: checkpoint saved; continue "
-                 f"with --resume {self.out}")
-        self.release()
-        sys.exit(128 + self.signal)
 
     def finish(self, test, best):
         """The test table logged, results.json in out_dir beside the saved model, the run released
