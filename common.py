@@ -1927,14 +1927,14 @@ def check_out_dir(out, overwrite, inputs=(), resumed=False):
     if Path(os.path.realpath(out)) in {Path("/"), Path.home().resolve(), PROJECT}:
         raise UserError(f"--out_dir {out} is /, the home folder or the project's folder, never a "
                         f"run's: pick a new folder, such as runs/NAME")
-    whose, held = held_by(out)
-    if held and not overwrite and not resumed:
-        resume = f"--resume {out} to continue it, " if held == ["checkpoint.pt"] else ""
-        raise UserError(f"--out_dir {out} already holds a {whose} ({', '.join(held)}); pass "
-                        f"{resume}--overwrite to replace it, or another --out_dir")
     left = temporaries([out / n for n in OUTPUTS])  # a killed write's, ours to clear
     ours = {n.split("/")[0] for n in OUTPUTS} | {p.name for p in left}
     others = sorted(p.name for p in out.iterdir() if p.name not in ours) if out.is_dir() else []
+    whose, held = held_by(out)  # a model with weights a run never writes: said next, as others
+    if held and not overwrite and not resumed and (whose == "training run" or not others):
+        resume = f"--resume {out} to continue it, " if held == ["checkpoint.pt"] else ""
+        raise UserError(f"--out_dir {out} already holds a {whose} ({', '.join(held)}); pass "
+                        f"{resume}--overwrite to replace it, or another --out_dir")
     if others and not overwrite and not resumed:  # another model's folder: not ours to write in
         raise UserError(f"--out_dir {out} holds files that are not a run's ({', '.join(others[:3])}"
                         f"); pass --overwrite to write beside them, or pick another --out_dir")
@@ -2269,9 +2269,8 @@ def release_lock(fd):
 
 
 def lock_folder(out, flag="--out_dir"):
-    """The out_dir's lock (hold_lock), taken before out_dir is checked (two runs started together
-    cannot both pass) -> its descriptor, or None (no folder yet: open_out_dir makes it; not POSIX;
-    a torchrun rank above 0: rank 0 holds it)."""
+    """out_dir's lock, taken before out_dir is checked (two runs started together cannot both
+    pass) -> its descriptor; None: no folder yet (open_out_dir), not POSIX, or a rank above 0."""
     if int(torchrun_env().get("RANK", 0)) > 0 or not out.is_dir():
         return None
     try:
@@ -2290,10 +2289,8 @@ def out_dir_of(cfg, method):
 
 
 def open_out_dir(run):
-    """Create out_dir if this run found none (exclusively, then lock it), clear what was left there
-    (a killed write's temporary files; --overwrite: the old run's outputs), start log.txt (never
-    through a link) with the log so far -> (log.txt, out_dir's lock); rank > 0: (None, None).
-    Before this a bad input leaves no file."""
+    """Make out_dir if it was absent (exclusively, then lock it), clear a killed write's temporary
+    files (--overwrite: the old run's outputs), start log.txt -> (log.txt, out_dir's lock)."""
     if run.rank > 0:
         return None, None
     lock = run.lock  # taken in Run.__init__ if the folder was there
@@ -2323,7 +2320,7 @@ def open_out_dir(run):
 
 def read_resumed_run(cfg, method):
     """--resume DIR -> DIR/checkpoint.pt, its configuration copied into cfg (a flag given now that
-    contradicts it is an error); None without --resume. RunFinished if DIR's run has finished."""
+    contradicts it is an error); None without --resume."""
     if not cfg.resume:
         return None
     if cfg.overwrite:
@@ -2372,8 +2369,7 @@ def load_checkpoint(path):
 
 
 def state_of(obj):
-    """Modules, optimizers, schedulers, generators -> their state; a deque (ESimCSE) -> a list; a
-    dict (the best dev score, its step and state) -> a copy."""
+    """A checkpointed thing's state; a dict (the best score, step, state) copied, a deque listed."""
     if isinstance(obj, dict):
         return dict(obj)
     for get in ("state_dict", "get_state", "getstate"):  # torch, torch.Generator, random.Random
@@ -2430,8 +2426,8 @@ def set_rng_states(states, device, seed):
 
 
 def restore_checkpoint(run, checkpointed):
-    """Every object in `checkpointed` (the best state too) and the RNGs back as they were after the
-    checkpoint's step -> (that step, its stats for its evaluation's log, the histories up to it)."""
+    """Every object in `checkpointed` and the RNGs as they were after the checkpoint's step -> (that
+    step, its stats, the histories up to it)."""
     ckpt = run.resumed
     path = run.out / "checkpoint.pt"
     started = {"data_sha256": f"the data file {run.cfg.data}",  # the files the run started on
@@ -2547,9 +2543,8 @@ def format_stats(run, stats):  # "loss 0.1234 | rtd 0.5678"; no training yet: "l
 
 
 def check_generator(run, stats):
-    """DiffCSE's first step: more real tokens replaced than masked means the generator rewrites
-    tokens it sees, which a pretrained masked LM copies [DiffCSE §4.1], and RTD learns little
-    (make_generator.py's 300 steps: 0.25 at --mask_ratio 0.3; 20 steps: 0.70) [issue 55]."""
+    """DiffCSE's first step: more real tokens replaced than masked means a weak generator (a
+    pretrained masked LM copies what it sees [DiffCSE §4.1]), and RTD learns little [issue 55]."""
     masked = getattr(run.cfg, "mask_ratio", None)
     if masked is None or "replaced" not in stats:  # another method; or a resumed last step
         return
@@ -2569,10 +2564,8 @@ def seconds_left(run, step, per_step):
 
 
 class Run:
-    """A training run's operations, which train() calls by name: inputs checked, out_dir and its
-    lock, log.txt, the data, the steps' log, checkpoints, Ctrl-C/SIGTERM, torchrun. The loop stays
-    in train(). Run owns its state: each attribute is set in __init__ first, then by its methods
-    alone (tests/test_run_state.py)."""
+    """A training run's operations, which train() calls by name; the loop stays in train(). Run
+    owns its state: each attribute is set in __init__ first, then by its methods alone."""
 
     def __init__(self, cfg, script, models=("model",)):
         self.cfg = cfg
@@ -2671,8 +2664,7 @@ class Run:
         return step, stats
 
     def ddp(self, module):
-        """DistributedDataParallel under torchrun (gradients averaged); else the module itself.
-        DDP holds InsideDDP(module): gradient_cache runs its chunks inside DDP's forward."""
+        """Under torchrun DDP(InsideDDP(module)), which averages the gradients; else the module."""
         if self.world_size == 1:
             return module
         ids = [self.device.index] if self.device.type == "cuda" else None
@@ -2803,8 +2795,8 @@ class Run:
         return self.signal
 
     def finish(self, test, best):
-        """The test table logged, results.json in out_dir beside the saved model, the run released
-        (rank 0); a run stopped by a non-finite loss: then TrainingStopped, exit status 3."""
+        """The test table logged, results.json beside the saved model (rank 0); a run stopped by a
+        non-finite loss: then TrainingStopped, exit status 3."""
         if self.stopped:
             self.log(self.stopped)
         self.log(format_table(test) if test else "no test table (--test none)")
@@ -2827,8 +2819,7 @@ class Run:
         return results
 
     def release(self):
-        """The end of a run on every rank: signal handlers as they were before catch_signals,
-        out_dir unlocked -> {}. Also when collected: a run refused after its lock (in tests)."""
+        """The end of a run on every rank, or its collection (refused after its lock) -> {}."""
         for s, h in self.old_handlers.items():
             signal.signal(s, h)
         self.old_handlers = {}
@@ -2851,9 +2842,8 @@ def world():
 
 def torchrun_env():
     """torchrun's variables, read and checked in this one place -> {name: value}, or {} without
-    torchrun (WORLD_SIZE unset or 1). One line for a number not in ASCII digits ('²'.isdigit()),
-    a RANK not below WORLD_SIZE (left from another shell, it would skip the out_dir lock) and,
-    under torchrun, a variable it sets that is missing."""
+    torchrun (WORLD_SIZE unset or 1). One line for a number not in ASCII digits, a RANK not below
+    WORLD_SIZE (left from another shell, it would skip the out_dir lock), a variable missing."""
     names = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what it sets
     env = {name: os.environ.get(name, "") for name in names}
     alone = env["WORLD_SIZE"] in ("", "1")
