@@ -1931,14 +1931,14 @@ def check_out_dir(out, overwrite, inputs=(), resumed=False):
     if Path(os.path.realpath(out)) in {Path("/"), Path.home().resolve(), PROJECT}:
         raise UserError(f"--out_dir {out} is /, the home folder or the project's folder, never a "
                         f"run's: pick a new folder, such as runs/NAME")
-    held = [n for n in ("results.json", "checkpoint.pt", "model.safetensors") if (out / n).exists()]
-    if held and not overwrite and not resumed:
-        resume = f"--resume {out} to continue it, " if held == ["checkpoint.pt"] else ""
-        raise UserError(f"--out_dir {out} already holds a run ({', '.join(held)}); pass {resume}"
-                        f"--overwrite to replace it, or another --out_dir")
     left = temporaries([out / n for n in OUTPUTS])  # a killed write's, ours to clear
     ours = {n.split("/")[0] for n in OUTPUTS} | {p.name for p in left}
     others = sorted(p.name for p in out.iterdir() if p.name not in ours) if out.is_dir() else []
+    whose, held = held_by(out)  # a model with weights a run never writes: said next, as others
+    if held and not overwrite and not resumed and (whose == "training run" or not others):
+        resume = f"--resume {out} to continue it, " if held == ["checkpoint.pt"] else ""
+        raise UserError(f"--out_dir {out} already holds a {whose} ({', '.join(held)}); pass "
+                        f"{resume}--overwrite to replace it, or another --out_dir")
     if others and not overwrite and not resumed:  # another model's folder: not ours to write in
         raise UserError(f"--out_dir {out} holds files that are not a run's ({', '.join(others[:3])}"
                         f"); pass --overwrite to write beside them, or pick another --out_dir")
@@ -2013,12 +2013,25 @@ def owner(folder, name):
         return "a file in SentEval's folder"  # downstream/ or the folder above [senteval.tar]
     if str(name) not in OUTPUTS:  # a file of the user's own there (eval.json): theirs to write
         return ""
-    if any((folder / n).is_file() for n in ("results.json", "checkpoint.pt")):
-        return "a file of the training run in"
-    weights = [folder / n for n in ("model.safetensors", "pytorch_model.bin")]
-    if (folder / "config.json").is_file() and any(w.is_file() for w in weights):
-        return "a file of the model folder"
-    return ""
+    whose, held = held_by(folder)
+    return f"a file of the {whose} in" if held else ""
+
+
+RUN_FILES = ("results.json", "checkpoint.pt")  # a folder holding one is a training run's
+
+
+def held_by(folder):
+    """What makes `folder` one that only --overwrite replaces -> (whose, those files): a training
+    run's (RUN_FILES: a run writes checkpoint.pt before its model, results.json before it removes
+    checkpoint.pt), else a model's (config.json and its weights), else ('', [])."""
+    run = [n for n in RUN_FILES if (folder / n).is_file()]
+    if run:
+        return "training run", run
+    model = [n for n in ("config.json", "model.safetensors", "pytorch_model.bin")
+             if (folder / n).is_file()]
+    if "config.json" in model and len(model) > 1:
+        return "model folder", model
+    return "", []
 
 
 def check_positions(model, max_len, extra=0, flag="--model"):
@@ -2260,9 +2273,8 @@ def release_lock(fd):
 
 
 def lock_folder(out, flag="--out_dir"):
-    """The out_dir's lock (hold_lock), taken before out_dir is checked (two runs started together
-    cannot both pass) -> its descriptor, or None (no folder yet: open_out_dir makes it; not POSIX;
-    a torchrun rank above 0: rank 0 holds it)."""
+    """out_dir's lock, taken before out_dir is checked (two runs started together cannot both
+    pass) -> its descriptor; None: no folder yet (open_out_dir), not POSIX, or a rank above 0."""
     if int(torchrun_env().get("RANK", 0)) > 0 or not out.is_dir():
         return None
     try:
@@ -2281,13 +2293,11 @@ def out_dir_of(cfg, method):
 
 
 def open_out_dir(run):
-    """Create out_dir (one this run found absent: exclusively, then lock it), clear what was left
-    there (a killed write's temporary files; --overwrite: the old run's outputs), start log.txt
-    (never through a link) with the log so far -> (log.txt, the lock of a folder made here, else
-    None); rank > 0: (None, None). Before this a bad input leaves no file."""
-    lock = None
+    """Make out_dir if it was absent (exclusively, then lock it), clear a killed write's temporary
+    files (--overwrite: the old run's outputs), start log.txt -> (log.txt, out_dir's lock)."""
     if run.rank > 0:
-        return None, lock
+        return None, None
+    lock = run.lock  # taken in Run.__init__ if the folder was there
     if not run.out_existed:
         run.out.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -2304,7 +2314,7 @@ def open_out_dir(run):
         log.unlink(missing_ok=True)  # a link is removed, never followed
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)  # a link:
     log_file = open(os.open(log, flags, 0o666), "a", encoding="utf-8")  # ELOOP, one line
-    log_file.write("".join(m + "\n" for m in run.log_lines))
+    log_file.write(run.log_file.getvalue())  # the lines logged so far
     log_file.flush()
     return log_file, lock
 
@@ -2314,7 +2324,7 @@ def open_out_dir(run):
 
 def read_resumed_run(cfg, method):
     """--resume DIR -> DIR/checkpoint.pt, its configuration copied into cfg (a flag given now that
-    contradicts it is an error); None without --resume. RunFinished if DIR's run has finished."""
+    contradicts it is an error); None without --resume."""
     if not cfg.resume:
         return None
     if cfg.overwrite:
@@ -2323,8 +2333,6 @@ def read_resumed_run(cfg, method):
     if cfg.out_dir and Path(cfg.out_dir).expanduser().absolute() != out.absolute():
         raise UserError(f"--out_dir {cfg.out_dir}: a resumed run stays in its folder {out}; "
                         f"leave --out_dir out")
-    if not out.is_dir():
-        raise UserError(f"--resume {cfg.resume}: no such folder")
     if (out / "results.json").exists():
         raise RunFinished(f"the run in {out} has finished (results.json is there): nothing to do")
     ckpt = load_checkpoint(out / "checkpoint.pt")
@@ -2350,7 +2358,8 @@ def read_resumed_run(cfg, method):
 def load_checkpoint(path):
     """checkpoint.pt as saved by save_checkpoint; never runs pickled code (weights_only)."""
     if not path.is_file():
-        raise CheckpointError(f"--resume: there is no checkpoint {path}")
+        raise CheckpointError(f"--resume: there is no checkpoint {path}: name the folder of a "
+                              f"run that saved one")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, corrupt, or holding anything but tensors and plain data
@@ -2364,8 +2373,7 @@ def load_checkpoint(path):
 
 
 def state_of(obj):
-    """Modules, optimizers, schedulers, generators -> their state; a deque (ESimCSE) -> a list; a
-    dict (the best dev score, its step and state) -> a copy."""
+    """A checkpointed thing's state; a dict (the best score, step, state) copied, a deque listed."""
     if isinstance(obj, dict):
         return dict(obj)
     for get in ("state_dict", "get_state", "getstate"):  # torch, torch.Generator, random.Random
@@ -2422,8 +2430,8 @@ def set_rng_states(states, device, seed):
 
 
 def restore_checkpoint(run, checkpointed):
-    """Every object in `checkpointed` (the best state too) and the RNGs back as they were after the
-    checkpoint's step -> (that step, its stats for its evaluation's log, the histories up to it)."""
+    """Every object in `checkpointed` and the RNGs as they were after the checkpoint's step -> (that
+    step, its stats, the histories up to it)."""
     ckpt = run.resumed
     path = run.out / "checkpoint.pt"
     started = {"data_sha256": f"the data file {run.cfg.data}",  # the files the run started on
@@ -2433,9 +2441,6 @@ def restore_checkpoint(run, checkpointed):
         if ckpt.get(key) != getattr(run, key):
             raise UserError(f"--resume {run.out}: {what} changed since the run started (its "
                             f"SHA-256 differs); resume with the one it was started on")
-    if (ckpt.get("rows"), ckpt.get("total")) != (run.n_rows, run.total):
-        raise UserError(f"--resume {run.out}: the data has {run.n_rows} rows / {run.total} steps "
-                        f"now but {ckpt.get('rows')} / {ckpt.get('total')} in the checkpoint")
     seed = run.cfg.seed + 1000 * ckpt.get("step", 0)  # for what must be reseeded
     was = ckpt.get("device")
     notes = [f"saved on {was}, continued on {run.device.type}: the arithmetic and random draws "
@@ -2542,9 +2547,8 @@ def format_stats(run, stats):  # "loss 0.1234 | rtd 0.5678"; no training yet: "l
 
 
 def check_generator(run, stats):
-    """DiffCSE's first step: more real tokens replaced than masked means the generator rewrites
-    tokens it sees, which a pretrained masked LM copies [DiffCSE §4.1], and RTD learns little
-    (make_generator.py's 300 steps: 0.25 at --mask_ratio 0.3; 20 steps: 0.70) [issue 55]."""
+    """DiffCSE's first step: more real tokens replaced than masked means a weak generator (a
+    pretrained masked LM copies what it sees [DiffCSE §4.1]), and RTD learns little [issue 55]."""
     masked = getattr(run.cfg, "mask_ratio", None)
     if masked is None or "replaced" not in stats:  # another method; or a resumed last step
         return
@@ -2564,18 +2568,16 @@ def seconds_left(run, step, per_step):
 
 
 class Run:
-    """A training run's operations, which train() calls by name: inputs checked, out_dir and its
-    lock, log.txt, the data, the steps' log, checkpoints, Ctrl-C/SIGTERM, torchrun. The loop stays
-    in train(). Run owns its state: each attribute is set in __init__ first, then by its methods
-    alone (tests/test_run_state.py)."""
+    """A training run's operations, which train() calls by name; the loop stays in train(). Run
+    owns its state: each attribute is set in __init__ first, then by its methods alone."""
 
     def __init__(self, cfg, script, models=("model",)):
         self.cfg = cfg
         self.method = method = Path(script).stem.removesuffix("_min")  # simcse, ..., diffcse
-        self.lock = self.log_file = None  # out_dir's, once locked; log.txt, once start() opens it
-        self.log_lines = []  # the log waits for start()
+        self.lock = None  # out_dir's, once locked
+        self.log_file = io.StringIO()  # log.txt once start() opens it; till then, the log here
         self.old_handlers = {}  # catch_signals: the handlers it replaced
-        self.data_sha256 = self.tokenizer_sha256 = self.n_rows = None  # load_data: for --resume
+        self.data_sha256 = self.tokenizer_sha256 = None  # load_data: for --resume
         self.pooler = "cls_before_pooler"  # the test vector; load_data: supervised, "cls"
         self.total = self.opt = self.sched = None  # start(): the steps; skipped_steps reads these
         self.signal = self.signals = 0  # the signal caught (its number); how many so far
@@ -2619,11 +2621,8 @@ class Run:
         """Print, and append to out_dir/log.txt (held back until start() opens out_dir). Rank 0."""
         if self.rank == 0:
             print(msg, flush=True)
-            if self.log_lines is not None:
-                self.log_lines.append(msg)
-            else:
-                self.log_file.write(msg + "\n")
-                self.log_file.flush()
+            self.log_file.write(msg + "\n")
+            self.log_file.flush()
 
     load_model = load_model  # Tokenizer and Bert of --model (or --generator), on the CPU
 
@@ -2638,7 +2637,6 @@ class Run:
         self.log(f"data {self.cfg.data}: {len(data)} rows x {data.cols} column(s), "
                  + ("read from the token cache" if hit else "tokenized") + f" in {seconds:.1f}s")
         self.data_sha256 = data.sha256
-        self.n_rows = len(data)
         self.tokenizer_sha256 = tokenizer_sha256(tok)
         if data.cols > 1:
             self.pooler = "cls"
@@ -2665,16 +2663,12 @@ class Run:
             self.dev_history, self.stats_history, self.align_uniform = histories
             self.first_step = step
         self.opt, self.sched = checkpointed["opt"], checkpointed["sched"]  # for skipped_steps
-        self.log_file, made_lock = open_out_dir(self)  # log.txt, with the lines logged so far
-        self.log_lines = None  # from now on log() writes to log.txt
-        if made_lock is not None:
-            self.lock = made_lock
+        self.log_file, self.lock = open_out_dir(self)  # log.txt, with the lines logged so far
         self.catch_signals()
         return step, stats
 
     def ddp(self, module):
-        """DistributedDataParallel under torchrun (gradients averaged); else the module itself.
-        DDP holds InsideDDP(module): gradient_cache runs its chunks inside DDP's forward."""
+        """Under torchrun DDP(InsideDDP(module)), which averages the gradients; else the module."""
         if self.world_size == 1:
             return module
         ids = [self.device.index] if self.device.type == "cuda" else None
@@ -2699,7 +2693,10 @@ class Run:
         if due or signal_number:
             self.save_checkpoint(step, checkpointed, stats)
         if signal_number:
-            self.exit_on_signal(step)
+            self.log(f"{signal.Signals(signal_number).name} at step {step}: checkpoint saved; "
+                     f"continue with --resume {self.out}")
+            self.release()
+            sys.exit(128 + signal_number)
         return False
 
     def log_progress(self, step, stats):
@@ -2743,7 +2740,7 @@ class Run:
         start = time.time()
         try:
             state = {"format": 6, "method": self.method, "step": step, "total": self.total,
-                     "rows": self.n_rows, "data_sha256": self.data_sha256, "rng": rng_states(),
+                     "data_sha256": self.data_sha256, "rng": rng_states(),
                      "tokenizer_sha256": self.tokenizer_sha256, "dev_sha256": self.dev_sha256,
                      "device": self.device.type, "config": dataclasses.asdict(self.cfg),
                      "stats": {k: float(v) for k, v in stats.items()},
@@ -2763,7 +2760,7 @@ class Run:
 
     def catch_signals(self):
         """Ctrl-C / SIGTERM set self.signal: after_step saves a checkpoint at the step's end and
-        exits 128 + signal (exit_on_signal); the final evaluation and save just go on. A second one
+        exits 128 + signal; the final evaluation and save just go on. A second one
         stops at once if a checkpoint is there and none is being written (else a third one does)."""
         def handler(signum, frame):
             self.signals += 1
@@ -2785,7 +2782,7 @@ class Run:
                     "now, --resume then redoes it"
             line = f"{signal.Signals(signum).name}: {what}"
             print("\n" + line, file=sys.stderr, flush=True)
-            if testing and self.log_file:  # in the steps, exit_on_signal logs it [issue 55]
+            if testing and self.log_file:  # in the steps, after_step logs it [issue 55]
                 self.log_file.write(line + "\n")
                 self.log_file.flush()
         with contextlib.suppress(ValueError):  # handlers can only be set in the main thread
@@ -2801,16 +2798,9 @@ class Run:
             self.signal = int(flag)
         return self.signal
 
-    def exit_on_signal(self, step):
-        """Say how to continue, then exit 128 + signal (the checkpoint of `step` is saved)."""
-        self.log(f"{signal.Signals(self.signal).name} at step {step}: checkpoint saved; continue "
-                 f"with --resume {self.out}")
-        self.release()
-        sys.exit(128 + self.signal)
-
     def finish(self, test, best):
-        """The test table logged, results.json in out_dir beside the saved model, the run released
-        (rank 0); a run stopped by a non-finite loss: then TrainingStopped, exit status 3."""
+        """The test table logged, results.json beside the saved model (rank 0); a run stopped by a
+        non-finite loss: then TrainingStopped, exit status 3."""
         if self.stopped:
             self.log(self.stopped)
         self.log(format_table(test) if test else "no test table (--test none)")
@@ -2833,8 +2823,7 @@ class Run:
         return results
 
     def release(self):
-        """The end of a run on every rank: signal handlers as they were before catch_signals,
-        out_dir unlocked -> {}. Also when collected: a run refused after its lock (in tests)."""
+        """The end of a run on every rank, or its collection (refused after its lock) -> {}."""
         for s, h in self.old_handlers.items():
             signal.signal(s, h)
         self.old_handlers = {}
@@ -2857,9 +2846,8 @@ def world():
 
 def torchrun_env():
     """torchrun's variables, read and checked in this one place -> {name: value}, or {} without
-    torchrun (WORLD_SIZE unset or 1). One line for a number not in ASCII digits ('²'.isdigit()),
-    a RANK not below WORLD_SIZE (left from another shell, it would skip the out_dir lock) and,
-    under torchrun, a variable it sets that is missing."""
+    torchrun (WORLD_SIZE unset or 1). One line for a number not in ASCII digits, a RANK not below
+    WORLD_SIZE (left from another shell, it would skip the out_dir lock), a variable missing."""
     names = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what it sets
     env = {name: os.environ.get(name, "") for name in names}
     alone = env["WORLD_SIZE"] in ("", "1")

@@ -54,6 +54,21 @@ def test_a_folder_holding_other_files_needs_overwrite(world, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "pytorch_model.bin"]
 
 
+@pytest.mark.parametrize("files, said", [
+    (["checkpoint.pt"], r"holds a training run \(checkpoint.pt\); pass --resume .* --overwrite"),
+    (["results.json", "config.json", "model.safetensors"], r"a training run \(results.json\)"),
+    (["config.json", "model.safetensors"], r"a model folder \(config.json, model.safetensors\)")])
+def test_a_run_or_a_model_in_out_dir_needs_overwrite(tmp_path, files, said):
+    """One notion of a run's folder (RUN_FILES, held_by) for check_out_dir and owner [issue 61]:
+    a run's files, else a model's, are written over only with --overwrite."""
+    for name in files:
+        (tmp_path / name).write_text("{}")
+    with pytest.raises(common.UserError, match=said):
+        common.check_out_dir(tmp_path, overwrite=False)
+    common.check_out_dir(tmp_path, overwrite=True)
+    assert common.owner(tmp_path, "log.txt").startswith("a file of the ")
+
+
 @pytest.mark.parametrize("where", ["/", "~", "project"])
 def test_root_home_and_the_project_folder_never_are_an_out_dir(where):
     """The check alone, never a run: without it a run would write its files there (it did)."""
