@@ -956,8 +956,6 @@ def read_safetensors(path):
     data bytes exactly, checked before any tensor is made (a hostile header allocates nothing)."""
     def bad(why):
         return CheckpointError(f"{path}: not a valid safetensors file: {why}")
-    if not Path(path).is_file():
-        raise CheckpointError(f"{path} is missing or not a file")
     data = Path(path).read_bytes()  # 8 bytes: the header's size, the JSON header, the tensors
     n = int.from_bytes(data[:8], "little")
     if len(data) < 8:
@@ -1802,11 +1800,13 @@ SHARED_CHECKS = {  # flag -> its interval ('[' includes the bound, '(' excludes 
     "seed": "[0, 4294967296)", "batch_size": "[2, inf)", "max_len": "[3, inf)", "lr": "(0, 1)",
     "epochs": "[1, inf)", "max_steps": "[0, inf)", "temp": "(0, inf)", "eval_every": "[1, inf)",
     "dropout": "[0, 1)", "save_every": "[0, inf)", "chunk_size": "[0, inf)",
-    "mlm_weight": "[0, inf)"}  # and Config.checks
+    "mlm_weight": "[0, inf)", "hard_weight": "(-inf, inf)"}  # and Config.checks
 WHY = {"seed": " (numpy's seed range)", "batch_size": " (a batch of one has no negatives)",
        "max_len": " ([CLS], one token, [SEP])", "max_steps": " (0: all epochs)",
        "save_every": " (0: only at the end and on a signal)", "chunk_size": " (0: the whole batch)"}
 MAX_DATA_BYTES = 16 << 30  # [impl] read into memory whole: a bound (wiki1m is 120 MB)
+PROJECT = Path(__file__).resolve().parent  # this project's folder: never an out_dir
+NAME_MAX = 255  # bytes in one name of a path [POSIX limits.h; ext4, xfs, btrfs, tmpfs]
 
 
 def resolve_device(name):
@@ -1814,11 +1814,9 @@ def resolve_device(name):
     mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
     available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": mps}
     name = next(d for d in ("cuda", "mps", "cpu") if available[d]) if name == "auto" else name
-    if name not in available:
-        raise UserError(f"--device {name!r}: choose auto, cpu, cuda or mps")
-    if not available[name]:
-        raise UserError(f"--device {name} was asked for but PyTorch sees no {name.upper()} device "
-                        f"(torch {torch.__version__}); use --device cpu or install a {name} build")
+    if not available.get(name):  # a typo too: one line, never a fallback
+        raise UserError(f"--device {name}: torch {torch.__version__} sees no such device here (of "
+                        f"cpu, cuda, mps); use --device auto or cpu, or a torch built for your GPU")
     if name == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # fast fp32
     return torch.device(name)
@@ -1865,8 +1863,6 @@ def check_inputs(cfg, models, world_size=1):
     for k, v in {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}.items():
         if k in checks and not in_interval(v, checks[k]):
             raise UserError(f"--{k} {v}: must be in {checks[k]}{WHY.get(k, '')}")
-        if type(v) is float and not math.isfinite(v):
-            raise UserError(f"--{k} {v}: must be a finite number")
     for k, choices in {"precision": PRECISIONS, "test": ("sts", "none")}.items():
         if getattr(cfg, k) not in choices:
             raise UserError(f"--{k} {getattr(cfg, k)}: choose {', '.join(choices)}")
@@ -1898,15 +1894,13 @@ def path_problem(path, folder=False):
 
 
 def check_file(path, flag="--data", whole=True):
-    """The one rule of inputs [issue 63]: a file a flag names, checked before it is read, hashed or
-    locked: missing, a folder, a FIFO or device (whose read never ends), unreadable, or (`whole`:
-    read into memory) too big is one line naming the flag. A known SimCSE file: fetched later."""
+    """The one rule of inputs [issue 63], before a file a flag names is read, hashed or locked:
+    missing, a folder, a FIFO or device (whose read never ends), or too big to read whole (`whole`)
+    is one line naming the flag (unreadable: main_guard's). A known SimCSE file: fetched later."""
     p = Path(path).expanduser()
     if known_data(p) and not os.path.lexists(p):
         return  # fetched when the run starts
     why = path_problem(p)
-    if not why and not os.access(p, os.R_OK):
-        why = "is not readable (its permissions)"
     if not why and whole and p.stat().st_size > MAX_DATA_BYTES:
         why = (f"is {p.stat().st_size / 2**30:.0f} GiB, over the {MAX_DATA_BYTES >> 30} GiB read "
                f"into memory; split it")
@@ -1926,8 +1920,6 @@ def check_out_dir(out, overwrite, inputs=(), resumed=False):
     """The one check of a run's folder and every name a run writes there (OUTPUTS), before any work:
     never /, home or the project; a fresh run's needs --overwrite over another run or others' files;
     each name not an input nor another's (check_output), nor a link to a folder [issue 63]."""
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out_dir {out} is a file, not a folder")
     if Path(os.path.realpath(out)) in {Path("/"), Path.home().resolve(), PROJECT}:
         raise UserError(f"--out_dir {out} is /, the home folder or the project's folder, never a "
                         f"run's: pick a new folder, such as runs/NAME")
@@ -1958,10 +1950,6 @@ def check_out_dir(out, overwrite, inputs=(), resumed=False):
     parent = next(p for p in (out, *out.absolute().parents) if os.path.lexists(p))
     if not (parent.is_dir() and os.access(parent, os.W_OK)):
         raise UserError(f"--out_dir {out}: {parent} is not a writable folder")
-
-
-PROJECT = Path(__file__).resolve().parent  # this project's folder: never an out_dir
-NAME_MAX = 255  # bytes in one name of a path [POSIX limits.h; ext4, xfs, btrfs, tmpfs]
 
 
 def check_name(flag, path):
@@ -2206,8 +2194,7 @@ def tokenize_file(tok, path, max_len):
     """A training file tokenized once, cached on disk by its content, the vocabulary and max_len (a
     repeat run's set-up: 2.2x as fast [docs/speed.md]) -> (TokenizedRows, seconds, cache hit?)."""
     start = time.time()
-    path = Path(path)
-    check_file(path)  # before hashing it (a FIFO would hang): tools call this too
+    path = Path(path)  # checked by the command (check_file): a FIFO would hang the hash
     digest = sha256_file(path)
     key = f"{digest} {path.suffix} {tokenizer_sha256(tok)} {max_len}"
     cached = CACHE / "tokens" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz"

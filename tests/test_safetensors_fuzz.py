@@ -127,7 +127,10 @@ def test_hostile_headers(tmp_path, header):
         common.read_safetensors(tmp_path / "h.safetensors")
 
 
-def test_a_directory_or_missing_file(tmp_path):
+def test_a_directory_or_missing_file(tmp_path, capsys):
+    """main_guard's one line naming the file (a model folder's files: folder_problem, first)."""
     for path in (tmp_path, tmp_path / "missing.safetensors"):
-        with pytest.raises(common.CheckpointError, match="missing or not a file"):
-            common.read_safetensors(path)
+        with pytest.raises(SystemExit) as e:
+            common.main_guard(common.read_safetensors, path)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.startswith(f"error: cannot read or write {path} "), err
