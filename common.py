@@ -2975,12 +2975,38 @@ def analyze_model(model, tok, root, pooler="cls_before_pooler", split="test", ba
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 
-class SVG:
-    """Just enough SVG for line, point and box plots: one string per element, numbers to 0.1 px."""
+def nice_ticks(lo, hi, n=7, log=False):
+    """(value, label) of about n round values (1, 2 or 5 x 10^k apart) in [lo, hi]; log: 10^k."""
+    if log:
+        powers = range(math.ceil(math.log10(lo) - 1e-9), math.floor(math.log10(hi) + 1e-9) + 1)
+        return [(10.0 ** k, f"{10.0 ** k:g}") for k in powers]
+    raw = (hi - lo) / n
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw * 0.999)
+    first = math.ceil(lo / step - 1e-9) * step
+    digits = max(0, -math.floor(math.log10(step) + 1e-9))
+    count = int((hi - first) / step + 1e-9) + 1
+    return [(first + i * step, f"{first + i * step:.{digits}f}") for i in range(count)]
 
-    def __init__(self, w, h):
-        self.items = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
-                      f'viewBox="0 0 {w} {h}">', '<rect width="100%" height="100%" fill="#fff"/>']
+
+def _limits(values, pad=0.08):
+    lo, hi = min(values), max(values)
+    span = (hi - lo) or abs(hi) or 1.0
+    return lo - pad * span, hi + pad * span
+
+
+class Plot:
+    """One figure of the three, 820 px wide, in just enough SVG for line, point and box plots (one
+    string per element, numbers to 0.1 px): a plotting rectangle at (80, 40), 440 px wide, mapping
+    data to pixels (linear, or log10 on y), its frame, and a legend on its right."""
+    left, top, w = 80, 40, 440  # the plotting rectangle; its height self.h
+
+    def __init__(self, height, plot_height, xlim, ylim, ylog=False):
+        self.items = [f'<svg xmlns="http://www.w3.org/2000/svg" width="820" height="{height}" '
+                      f'viewBox="0 0 820 {height}">',
+                      '<rect width="100%" height="100%" fill="#fff"/>']
+        self.h = plot_height
+        self.xlim, self.ylim, self.ylog = xlim, ylim, ylog
 
     def add(self, tag, content="", **attrs):  # stroke_width -> stroke-width; None values dropped
         values = {k.replace("_", "-"): f"{v:.1f}" if isinstance(v, float) else str(v)
@@ -3012,28 +3038,6 @@ class SVG:
         with atomic_write(path) as f:
             f.write("\n".join(self.items) + "\n</svg>\n")
 
-
-def nice_ticks(lo, hi, n=7, log=False):
-    """(value, label) of about n round values (1, 2 or 5 x 10^k apart) in [lo, hi]; log: 10^k."""
-    if log:
-        powers = range(math.ceil(math.log10(lo) - 1e-9), math.floor(math.log10(hi) + 1e-9) + 1)
-        return [(10.0 ** k, f"{10.0 ** k:g}") for k in powers]
-    raw = (hi - lo) / n
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw * 0.999)
-    first = math.ceil(lo / step - 1e-9) * step
-    digits = max(0, -math.floor(math.log10(step) + 1e-9))
-    count = int((hi - first) / step + 1e-9) + 1
-    return [(first + i * step, f"{first + i * step:.{digits}f}") for i in range(count)]
-
-
-class Axes:
-    """A plotting rectangle of an SVG: data -> pixels (linear, or log10 on y), frame and legend."""
-
-    def __init__(self, svg, box, xlim, ylim, ylog=False):
-        self.svg, (self.left, self.top, self.w, self.h) = svg, box
-        self.xlim, self.ylim, self.ylog = xlim, ylim, ylog
-
     def px(self, x):
         return self.left + (x - self.xlim[0]) / (self.xlim[1] - self.xlim[0]) * self.w
 
@@ -3042,44 +3046,38 @@ class Axes:
         return self.top + self.h - (y - lo) / (hi - lo) * self.h
 
     def frame(self, title, xlabel, ylabel, xticks=None, xgrid=True):  # x tick labels: 1-2 lines
-        s, left, top = self.svg, self.left, self.top
+        left, top = self.left, self.top
         bottom = top + self.h
         for t, label in nice_ticks(*self.ylim, log=self.ylog):  # grid line, tick, label
-            s.line(left, self.py(t), left + self.w, self.py(t), "#e0e0e0")
-            s.line(left - 4, self.py(t), left, self.py(t))
-            s.text(left - 7, self.py(t) + 4, label, 11, "end")
+            self.line(left, self.py(t), left + self.w, self.py(t), "#e0e0e0")
+            self.line(left - 4, self.py(t), left, self.py(t))
+            self.text(left - 7, self.py(t) + 4, label, 11, "end")
         for t, label in xticks or nice_ticks(*self.xlim):
             if xgrid:
-                s.line(self.px(t), top, self.px(t), bottom, "#e0e0e0")
-            s.line(self.px(t), bottom, self.px(t), bottom + 4)
+                self.line(self.px(t), top, self.px(t), bottom, "#e0e0e0")
+            self.line(self.px(t), bottom, self.px(t), bottom + 4)
             for i, part in enumerate(label.split("\n")):
-                s.text(self.px(t), bottom + 17 + 13 * i, part, 11)
-        s.rect(left, top, self.w, self.h)
-        s.text(left + self.w / 2, top - 14, title, 14, weight="bold")
-        s.text(left + self.w / 2, bottom + (58 if xticks else 40), xlabel, 12)
-        s.text(left - 52, top + self.h / 2, ylabel, 12, rotate=True)
+                self.text(self.px(t), bottom + 17 + 13 * i, part, 11)
+        self.rect(left, top, self.w, self.h)
+        self.text(left + self.w / 2, top - 14, title, 14, weight="bold")
+        self.text(left + self.w / 2, bottom + (58 if xticks else 40), xlabel, 12)
+        self.text(left - 52, top + self.h / 2, ylabel, 12, rotate=True)
 
-    def legend(self, entries, x, y, notes=()):  # entries (label, color, kind), notes below in grey
-        s = self.svg
+    def legend(self, entries, notes=()):  # entries (label, color, kind), notes below in grey
+        x, y = 545, 52  # right of the plotting rectangle
         rows = 18 * len(entries)
         width = 40 + 6.5 * max(len(label) for label, _, _ in entries)
-        s.rect(x - 6, y - 12, width, rows + 6, fill="#fff", stroke="#999")
+        self.rect(x - 6, y - 12, width, rows + 6, fill="#fff", stroke="#999")
         for yy, (label, color, kind) in zip(range(y, y + rows, 18), entries):
             if kind in ("line", "wide line"):
-                s.line(x, yy, x + 22, yy, color, 4 if kind == "wide line" else 2)
+                self.line(x, yy, x + 22, yy, color, 4 if kind == "wide line" else 2)
             elif kind == "box":
-                s.rect(x + 4, yy - 6, 14, 12, fill=color, stroke="#000", opacity=0.5)
+                self.rect(x + 4, yy - 6, 14, 12, fill=color, stroke="#000", opacity=0.5)
             else:  # "point"
-                s.circle(x + 11, yy, 5, color, "#000")
-            s.text(x + 30, yy + 4, label, 11, "start")
+                self.circle(x + 11, yy, 5, color, "#000")
+            self.text(x + 30, yy + 4, label, 11, "start")
         for i, note in enumerate(notes):
-            s.text(x - 6, y + rows + 14 + 15 * i, note, 11, "start", fill="#555")
-
-
-def _limits(values, pad=0.08):
-    lo, hi = min(values), max(values)
-    span = (hi - lo) or abs(hi) or 1.0
-    return lo - pad * span, hi + pad * span
+            self.text(x - 6, y + rows + 14 + 15 * i, note, 11, "start", fill="#555")
 
 
 def plot_plane(models, runs, path):
@@ -3087,25 +3085,25 @@ def plot_plane(models, runs, path):
     pts = [(m["dev"]["uniformity"], m["dev"]["alignment"]) for m in models]
     traj = [[(u, a) for _, a, u in r["align_uniform"] if None not in (a, u)] for r in runs]
     xs, ys = zip(*[p for p in pts + sum(traj, []) if all(map(math.isfinite, p))] or [(0, 0)])
-    svg = SVG(820, 490)
-    ax = Axes(svg, (80, 40, 440, 390), _limits(xs), _limits(ys))
-    ax.frame("Alignment vs uniformity, STS-B dev",
-             "uniformity  log E exp(-2‖x − y‖²)  (lower is better)",
-             "alignment  E‖x − x⁺‖²  (lower is better)")
+    fig = Plot(490, 390, _limits(xs), _limits(ys))
+    fig.frame("Alignment vs uniformity, STS-B dev",
+              "uniformity  log E exp(-2‖x − y‖²)  (lower is better)",
+              "alignment  E‖x − x⁺‖²  (lower is better)")
     for r, t in zip(runs, traj):
-        svg.polyline([(ax.px(u), ax.py(a)) for u, a in t], r["color"], 1.5, dash="5,3")
+        fig.polyline([(fig.px(u), fig.py(a)) for u, a in t], r["color"], 1.5, dash="5,3")
         for u, a in t[1:]:
-            svg.circle(ax.px(u), ax.py(a), 2.5, r["color"])
+            fig.circle(fig.px(u), fig.py(a), 2.5, r["color"])
     for i, (m, (u, a)) in enumerate(zip(models, pts)):  # the reference model larger: a ring
         if math.isfinite(u) and math.isfinite(a):  # NaN alignment: no pair with gold > 4
-            svg.circle(ax.px(u), ax.py(a), 6 if i else 8.5, m["color"], "#000")
-    svg.text(ax.left + 8, ax.top + ax.h - 8, "↙ lower-left is better", 11, "start", fill="#666")
+            fig.circle(fig.px(u), fig.py(a), 6 if i else 8.5, m["color"], "#000")
+    fig.text(fig.left + 8, fig.top + fig.h - 8, "↙ lower-left is better", 11, "start",
+             fill="#666")
     steps = [f"{r['name']}: steps {r['align_uniform'][0][0]}→{r['align_uniform'][-1][0]}"
              for r in runs]
-    ax.legend([(m["name"], m["color"], "point") for m in models] + [
-        (s, r["color"], "line") for s, r in zip(steps, runs)], 545, 52,
+    fig.legend([(m["name"], m["color"], "point") for m in models] + [
+        (s, r["color"], "line") for s, r in zip(steps, runs)],
         ["big points: the models;", "small dots: a run's evaluations"] if runs else [])
-    svg.save(path)
+    fig.save(path)
 
 
 def plot_singular_values(models, path):
@@ -3115,42 +3113,41 @@ def plot_singular_values(models, path):
     # output dimensions: LayerNorm weight and bias ~1e-32) and are drawn at the floor
     low = 10 ** math.floor(math.log10(max(min(np.quantile(c, 0.01) for c in curves), 1e-12)))
     n = max(len(c) for c in curves)
-    svg = SVG(820, 450)
-    ax = Axes(svg, (80, 40, 440, 350), (1, n), (low, 1.0), ylog=True)
-    ax.frame("Singular values of the embedding matrix, STS-B test", "index (descending)",
-             "singular value / largest")
+    fig = Plot(450, 350, (1, n), (low, 1.0), ylog=True)
+    fig.frame("Singular values of the embedding matrix, STS-B test", "index (descending)",
+              "singular value / largest")
     for k, (m, c) in enumerate(zip(models, curves)):  # the reference model wider: a halo
-        points = [(ax.px(i + 1), ax.py(v)) for i, v in enumerate(np.maximum(c, low))]
-        svg.polyline(points, m["color"], 1.6 if k else 4)
-    ax.legend([(m["name"], m["color"], "line" if k else "wide line") for k, m in enumerate(models)],
-              545, 52, [f"{n} values; rows L2-normalised;", "values below the axis: drawn at its "
-                        "floor"])
-    svg.save(path)
+        points = [(fig.px(i + 1), fig.py(v)) for i, v in enumerate(np.maximum(c, low))]
+        fig.polyline(points, m["color"], 1.6 if k else 4)
+    fig.legend([(m["name"], m["color"], "line" if k else "wide line")
+                for k, m in enumerate(models)],
+               [f"{n} values; rows L2-normalised;", "values below the axis: drawn at its floor"])
+    fig.save(path)
 
 
 def plot_similarity_by_score(models, path):
     """STS-B test cosines per gold-score group, a box per model [SimCSE App. G]."""
     stats = [m["test"]["similarity_by_score"] for m in models]
     values = [v for st in stats for g in st for v in (g["q05"], g["q95"]) if math.isfinite(v)]
-    svg = SVG(820, 470)
-    ax = Axes(svg, (80, 40, 440, 350), (0, len(stats[0])), _limits(values))
-    ax.frame("Cosine similarity by gold score, STS-B test", "gold score group", "cosine similarity",
-             [(i + 0.5, f"{g['group']}\nn={g['count']}") for i, g in enumerate(stats[0])], False)
+    fig = Plot(470, 350, (0, len(stats[0])), _limits(values))
+    ticks = [(i + 0.5, f"{g['group']}\nn={g['count']}") for i, g in enumerate(stats[0])]
+    fig.frame("Cosine similarity by gold score, STS-B test", "gold score group",
+              "cosine similarity", ticks, xgrid=False)
     width = 0.8 / len(models)
     for k, (m, st) in enumerate(zip(models, stats)):
         for i, g in enumerate(st):  # whiskers q05-q95, box q25-q75, median line, mean dot
             if g["count"]:
-                x0 = ax.px(i + 0.1 + k * width + 0.1 * width)
-                x1 = ax.px(i + 0.1 + (k + 1) * width - 0.1 * width)
-                q25, q75 = ax.py(g["q25"]), ax.py(g["q75"])
+                x0 = fig.px(i + 0.1 + k * width + 0.1 * width)
+                x1 = fig.px(i + 0.1 + (k + 1) * width - 0.1 * width)
+                q25, q75 = fig.py(g["q25"]), fig.py(g["q75"])
                 xm = (x0 + x1) / 2
-                svg.line(xm, ax.py(g["q05"]), xm, ax.py(g["q95"]), m["color"], 1.2)
-                svg.rect(x0, q75, x1 - x0, q25 - q75, m["color"], m["color"], 1, 0.35)
-                svg.line(x0, ax.py(g["median"]), x1, ax.py(g["median"]), "#000", 1.5)
-                svg.circle(xm, ax.py(g["mean"]), 2, "#fff", "#000", 0.8)
-    ax.legend([(m["name"], m["color"], "box") for m in models], 545, 52,
-              ["box: quartiles; line: median; dot: mean;", "whiskers: 5th to 95th percentile"])
-    svg.save(path)
+                fig.line(xm, fig.py(g["q05"]), xm, fig.py(g["q95"]), m["color"], 1.2)
+                fig.rect(x0, q75, x1 - x0, q25 - q75, m["color"], m["color"], 1, 0.35)
+                fig.line(x0, fig.py(g["median"]), x1, fig.py(g["median"]), "#000", 1.5)
+                fig.circle(xm, fig.py(g["mean"]), 2, "#fff", "#000", 0.8)
+    fig.legend([(m["name"], m["color"], "box") for m in models],
+               ["box: quartiles; line: median; dot: mean;", "whiskers: 5th to 95th percentile"])
+    fig.save(path)
 
 
 # --- SentEval's transfer tasks: a linear classifier on frozen sentence vectors -------------------
@@ -3629,15 +3626,6 @@ def read_run(path, flag):
     return r
 
 
-def config_difference(a, b):
-    """The fields in which two runs' configurations differ, but for RUN_FIELDS (the method too)."""
-    fields = [k for k in {**a["config"], **b["config"]} if k not in RUN_FIELDS]
-    differ = [k for k in fields if a["config"].get(k, "(none)") != b["config"].get(k, "(none)")]
-    if a["method"] != b["method"]:
-        differ.insert(0, "method")
-    return differ
-
-
 def summarize(paths):
     """Runs of one setting, seeds apart -> {task: (mean, sample standard deviation)} of the test
     table and of the best dev score, n = len(paths) [issue 43; SimCSE issue #63: ~2 points between
@@ -3645,6 +3633,7 @@ def summarize(paths):
     if len(paths) < 2:
         raise UserError(f"summarize {' '.join(paths)}: 2 runs at least (a standard deviation)")
     runs = [read_run(path, "summarize") for path in paths]
+    first = runs[0]["config"]
     for path, r in zip(paths, runs):  # each a whole run's test table, of the first run's setting
         if not r["test"]:
             raise UserError(f"{path}: the run has no test table (--test none); run it with --test "
@@ -3656,7 +3645,11 @@ def summarize(paths):
             raise UserError(f"{path}: a score in its results.json is not a number in [-100, 100]")
         if lone := sorted(set(r["test"]) ^ set(runs[0]["test"])):
             raise UserError(f"{paths[0]} and {path}: {', '.join(lone)} in one test table only")
-        differ = config_difference(runs[0], r)
+        # the fields in which the two runs differ, but for RUN_FIELDS
+        fields = [k for k in {**first, **r["config"]} if k not in RUN_FIELDS]
+        differ = [k for k in fields if first.get(k, "(none)") != r["config"].get(k, "(none)")]
+        if r["method"] != runs[0]["method"]:
+            differ.insert(0, "method")
         if differ:  # another setting
             raise UserError(f"{paths[0]} and {path} differ in {', '.join(differ)}: not seeds of "
                             f"one setting (only {', '.join(RUN_FIELDS)} may differ)")
@@ -3925,8 +3918,7 @@ def run_analyze(args):
     plot_plane(models, runs, out / "align_uniform.svg")
     plot_singular_values(models, out / "singular_values.svg")
     plot_similarity_by_score(models, out / "similarity_by_score.svg")
-    analysis = {"models": models, "runs": runs}  # each model's pooler in its entry
-    write_json(out / "analysis.json", analysis, indent=1)
+    write_json(out / "analysis.json", {"models": models, "runs": runs}, indent=1)
     print(f"{'model':<28} | stsb test | align test | uniform test | align dev | uniform dev")
     for m in models:
         t, d = m["test"], m["dev"]
@@ -3972,8 +3964,7 @@ def check_cli_inputs(args, names, modes, runs=()):
         args.through = [w for w in written if check_output(flag, w, read, through=flag == "--json")]
         folder = p if is_dir else p.parent  # where the output goes
         base = next(a for a in (folder, *folder.parents) if a.exists())  # its nearest existing part
-        if not args.through and (p.exists() and p.is_dir() != is_dir or not (  # a pipe: is
-                base.is_dir() and os.access(base, os.W_OK))):  # there, and its folder too
+        if not args.through and not (base.is_dir() and os.access(base, os.W_OK)):  # a pipe: there
             raise UserError(f"{flag} {out}: cannot write a {'folder' if is_dir else 'file'} there")
     root = resolve_senteval(args.senteval, modes[0]) if modes else None  # else a download
     for mode in modes[1:]:

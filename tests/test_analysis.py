@@ -90,22 +90,21 @@ def test_similarity_by_score_groups_against_numpy():
 
 
 def test_svg_writer_makes_well_formed_xml_with_the_expected_elements(tmp_path):
-    svg = common.SVG(400, 300)
-    ax = common.Axes(svg, (60, 30, 250, 200), (0.0, 1.0), (0.01, 1.0), ylog=True)
-    ax.frame("a <title> & more", "x label", "y label")
-    svg.polyline([(ax.px(0.1), ax.py(0.5)), (ax.px(0.9), ax.py(0.02))], "#123456")
-    svg.circle(ax.px(0.5), ax.py(0.1), 4, "#abcdef", "#000")
-    ax.legend([("model \"A\"", "#123456", "line"), ("B", "#abcdef", "point")], 320, 40)
-    svg.save(tmp_path / "f.svg")
+    fig = common.Plot(300, 200, (0.0, 1.0), (0.01, 1.0), ylog=True)
+    fig.frame("a <title> & more", "x label", "y label")
+    fig.polyline([(fig.px(0.1), fig.py(0.5)), (fig.px(0.9), fig.py(0.02))], "#123456")
+    fig.circle(fig.px(0.5), fig.py(0.1), 4, "#abcdef", "#000")
+    fig.legend([("model \"A\"", "#123456", "line"), ("B", "#abcdef", "point")])
+    fig.save(tmp_path / "f.svg")
     root = ET.parse(tmp_path / "f.svg").getroot()
-    assert root.tag == SVG_NS + "svg" and root.get("viewBox") == "0 0 400 300"
+    assert root.tag == SVG_NS + "svg" and root.get("viewBox") == "0 0 820 300"
     texts = [t.text for t in root.iter(SVG_NS + "text")]
     assert {"a <title> & more", "x label", "y label", "model \"A\"", "B"} <= set(texts)
     # log y, linear x ticks
     assert {"0.01", "0.1", "1"} <= set(texts) and "0.0" in texts and "1.0" in texts
     assert len(list(root.iter(SVG_NS + "polyline"))) == 1 and len(list(root.iter(SVG_NS
                                                                                  + "circle"))) == 2
-    assert ax.py(0.1) == pytest.approx(30 + 100)  # log scale: 0.1 halfway between 0.01 and 1
+    assert fig.py(0.1) == pytest.approx(40 + 100)  # log scale: 0.1 halfway between 0.01 and 1
 
 
 def test_dev_set_align_uniform_matches_analyze_model_on_dev(tmp_path):
