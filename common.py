@@ -1078,8 +1078,7 @@ def read_bpe(folder):
 
 
 def read_tokenizer_files(name_or_dir):
-    """A model folder's (or known name's) tokenizer files, checked: {vocab, merges} for RoBERTa's
-    BPE, else {vocab, do_lower_case, strip_accents} for WordPiece."""
+    """A folder's (or known name's) tokenizer files, checked: RoBERTa's BPE, else WordPiece's."""
     folder = resolve_model(name_or_dir)
     if special_file(folder):
         raise CheckpointError(f"{folder}/{special_file(folder)}")
@@ -1280,7 +1279,15 @@ def save_pretrained(model, folder, tokenizer, pooler="cls_before_pooler", dtype=
     modules = [{"idx": 0, "name": "0", "path": "", "type": st + "Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": st + "Pooling"}]
     if pooler == "cls":  # the MLP after the CLS pooling, as sentence-transformers' Dense module
-        write_dense(model.pooler.dense, folder / "2_Dense", dtype)
+        # saves itself [UKPLab/sentence-transformers models/Dense.py @13b4da2, save()]: Tanh by
+        # its fullname(), linear.* as 6.2.0 reads them (pooler_ref.json "dense_format")
+        dense = model.pooler.dense
+        (folder / "2_Dense").mkdir(exist_ok=True)
+        write_json(folder / "2_Dense/config.json", {
+            "in_features": dense.in_features, "out_features": dense.out_features, "bias": True,
+            "activation_function": "torch.nn.modules.activation.Tanh"})
+        write_safetensors(folder / "2_Dense/model.safetensors", {
+            "linear.weight": dense.weight.to(dtype), "linear.bias": dense.bias.to(dtype)})
         modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": st + "Dense"})
     write_json(folder / "modules.json", modules)
     write_json(folder / "sentence_bert_config.json",
@@ -1316,18 +1323,6 @@ def save_tokenizer(tokenizer, folder, max_tokens):
             f.write("".join(token + "\n" for token in lines))
     write_json(folder / "tokenizer_config.json",
                config | specials | {"model_max_length": max_tokens})
-
-
-def write_dense(linear, folder, dtype):
-    """nn.Linear + tanh as sentence-transformers' Dense saves itself [UKPLab/sentence-transformers
-    models/Dense.py @13b4da2, save()]: config.json (the activation by its fullname()), linear.weight
-    and linear.bias in model.safetensors, as 6.2.0 reads them (pooler_ref.json "dense_format")."""
-    folder.mkdir(exist_ok=True)
-    write_json(folder / "config.json", {
-        "in_features": linear.in_features, "out_features": linear.out_features, "bias": True,
-        "activation_function": "torch.nn.modules.activation.Tanh"})
-    write_safetensors(folder / "model.safetensors", {"linear.weight": linear.weight.to(dtype),
-                                                     "linear.bias": linear.bias.to(dtype)})
 
 
 # --- Resolving and downloading models and data ----------------------------------------------------
