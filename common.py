@@ -1021,8 +1021,7 @@ OUTPUTS = ("log.txt", "checkpoint.pt", "results.json", *SAVED)  # what a run wri
 
 
 def special_file(folder):
-    """'' or 'NAME is not a regular file ...': a model file that is a FIFO, a device (a link to
-    /dev/zero) or a folder, whose read would never end or fail with a traceback."""
+    """'' or 'NAME is ...': a model file that is a FIFO, device or folder (a read hangs, fails)."""
     for name in MODEL_FILES:
         if os.path.lexists(folder / name) and path_problem(folder / name):
             return f"{name} {path_problem(folder / name)}"
@@ -1077,8 +1076,7 @@ def read_bpe(folder):
 
 
 def read_tokenizer_files(name_or_dir):
-    """A model folder's (or known name's) tokenizer files, checked: {vocab, merges} for RoBERTa's
-    BPE, else {vocab, do_lower_case, strip_accents} for WordPiece."""
+    """A folder's (or known name's) tokenizer files, checked: RoBERTa's BPE, else WordPiece's."""
     folder = resolve_model(name_or_dir)
     if special_file(folder):
         raise CheckpointError(f"{folder}/{special_file(folder)}")
@@ -1253,12 +1251,10 @@ def note_unused(folder, unused, heads_too=True):
             shown.extend(keys)
     if whole and not heads:
         why = " (a training model's other parts: its encoder alone is read)"
-    print(f"{folder.name}{why}: not used from the checkpoint: {', '.join(shown)}",
-          file=sys.stderr)
+    print(f"{folder.name}{why}: not used from the checkpoint: {', '.join(shown)}", file=sys.stderr)
 
 
-def save_pretrained(model, folder, tokenizer, pooler="cls_before_pooler",
-                    dtype=torch.float32):
+def save_pretrained(model, folder, tokenizer, pooler="cls_before_pooler", dtype=torch.float32):
     """A folder that BertModel (RobertaModel) and sentence-transformers load with our vectors; the
     model's pooler (a method's MLP) saved as transformers' (pooler_output), as the released SimCSE
     models are [official simcse_to_huggingface.py]. sentence-transformers gives the test vector
@@ -1276,58 +1272,59 @@ def save_pretrained(model, folder, tokenizer, pooler="cls_before_pooler",
     if mlm and kind == "roberta":  # transformers 4.x ties RoBERTa's MLM bias from this copy
         tensors["lm_head.decoder.bias"] = tensors["lm_head.bias"]
     write_safetensors(folder / "model.safetensors", tensors)
-    bpe = isinstance(tokenizer, BPETokenizer)
-    specials = {f"{n}_token": t for n, t in zip("pad unk cls sep mask".split(),
-                                                BPE_SPECIALS if bpe else SPECIAL_TOKENS)}
-    strip = None if tokenizer.strip_accents == tokenizer.lower else tokenizer.strip_accents
+    write_json(folder / "config.json", {
+        "architectures": [kind.title() + ("ForMaskedLM" if mlm else "Model")],
+        **dataclasses.asdict(cfg), "model_type": kind, "hidden_act": "gelu",
+        "position_embedding_type": "absolute", "initializer_range": 0.02,
+        "torch_dtype": str(dtype).removeprefix("torch.")})
     st = "sentence_transformers.models."
     modules = [{"idx": 0, "name": "0", "path": "", "type": st + "Transformer"},
                {"idx": 1, "name": "1", "path": "1_Pooling", "type": st + "Pooling"}]
     if pooler == "cls":  # the MLP after the CLS pooling, as sentence-transformers' Dense module
-        write_dense(model.pooler.dense, folder / "2_Dense", dtype)
+        # saves itself [UKPLab/sentence-transformers models/Dense.py @13b4da2, save()]: Tanh by
+        # its fullname(), linear.* as 6.2.0 reads them (pooler_ref.json "dense_format")
+        dense = model.pooler.dense
+        (folder / "2_Dense").mkdir(exist_ok=True)
+        write_json(folder / "2_Dense/config.json", {
+            "in_features": dense.in_features, "out_features": dense.out_features, "bias": True,
+            "activation_function": "torch.nn.modules.activation.Tanh"})
+        write_safetensors(folder / "2_Dense/model.safetensors", {
+            "linear.weight": dense.weight.to(dtype), "linear.bias": dense.bias.to(dtype)})
         modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": st + "Dense"})
-    tokenizer_config = {"tokenizer_class": "RobertaTokenizer", "add_prefix_space": False,
-                        "bos_token": "<s>", "eos_token": "</s>"} if bpe else {
-        "tokenizer_class": "BertTokenizer", "do_lower_case": tokenizer.lower,
-        "strip_accents": strip}
-    for name, content in {
-        "config.json": {"architectures": [kind.title() + ("ForMaskedLM" if mlm else "Model")],
-                        **dataclasses.asdict(cfg), "model_type": kind, "hidden_act": "gelu",
-                        "position_embedding_type": "absolute", "initializer_range": 0.02,
-                        "torch_dtype": str(dtype).removeprefix("torch.")},
-        "tokenizer_config.json": tokenizer_config | specials | {"model_max_length": cfg.max_tokens},
-        "special_tokens_map.json": specials,
-        "modules.json": modules,
-        "sentence_bert_config.json": {"max_seq_length": cfg.max_tokens, "do_lower_case": False},
-        "1_Pooling/config.json": {"word_embedding_dimension": cfg.hidden_size, **{
-            f"pooling_mode_{m}": m == "cls_token"
-            for m in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens")}},
-    }.items():
-        write_json(folder / name, content)
+    write_json(folder / "modules.json", modules)
+    write_json(folder / "sentence_bert_config.json",
+               {"max_seq_length": cfg.max_tokens, "do_lower_case": False})
+    write_json(folder / "1_Pooling/config.json", {"word_embedding_dimension": cfg.hidden_size, **{
+        f"pooling_mode_{m}": m == "cls_token"
+        for m in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens")}})
+    save_tokenizer(tokenizer, folder, cfg.max_tokens)
+
+
+def save_tokenizer(tokenizer, folder, max_tokens):
+    """The tokenizer's files as transformers' RobertaTokenizer (BertTokenizer) reads them."""
+    bpe = isinstance(tokenizer, BPETokenizer)
+    specials = {f"{n}_token": t for n, t in zip("pad unk cls sep mask".split(),
+                                                BPE_SPECIALS if bpe else SPECIAL_TOKENS)}
+    write_json(folder / "special_tokens_map.json", specials)
     if bpe:
+        config = {"tokenizer_class": "RobertaTokenizer", "add_prefix_space": False,
+                  "bos_token": "<s>", "eos_token": "</s>"}
         write_json(folder / "vocab.json", tokenizer.vocab)
         with atomic_write(folder / "merges.txt") as f:
             f.write("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in tokenizer.merges))
-        return
-    lines = [""] * (max(tokenizer.vocab.values()) + 1)  # line i holds token i, as it was read
-    for token, i in tokenizer.vocab.items():
-        lines[i] = token
-    if any("\n" in t or "\r" in t for t in lines):  # vocab.txt has one token a line
-        raise CheckpointError("the vocabulary has a token with a line break: it cannot be saved")
-    with atomic_write(folder / "vocab.txt") as f:
-        f.write("".join(token + "\n" for token in lines))
-
-
-def write_dense(linear, folder, dtype):
-    """nn.Linear + tanh as sentence-transformers' Dense saves itself [UKPLab/sentence-transformers
-    models/Dense.py @13b4da2, save()]: config.json (the activation by its fullname()), linear.weight
-    and linear.bias in model.safetensors, as 6.2.0 reads them (pooler_ref.json "dense_format")."""
-    folder.mkdir(exist_ok=True)
-    write_json(folder / "config.json", {
-        "in_features": linear.in_features, "out_features": linear.out_features, "bias": True,
-        "activation_function": "torch.nn.modules.activation.Tanh"})
-    write_safetensors(folder / "model.safetensors", {"linear.weight": linear.weight.to(dtype),
-                                                     "linear.bias": linear.bias.to(dtype)})
+    else:
+        strip = None if tokenizer.strip_accents == tokenizer.lower else tokenizer.strip_accents
+        config = {"tokenizer_class": "BertTokenizer", "do_lower_case": tokenizer.lower,
+                  "strip_accents": strip}
+        lines = [""] * (max(tokenizer.vocab.values()) + 1)  # line i holds token i, as it was read
+        for token, i in tokenizer.vocab.items():
+            lines[i] = token
+        if any("\n" in t or "\r" in t for t in lines):  # vocab.txt has one token a line
+            raise CheckpointError(f"{folder}/vocab.txt cannot hold a token with a line break")
+        with atomic_write(folder / "vocab.txt") as f:
+            f.write("".join(token + "\n" for token in lines))
+    write_json(folder / "tokenizer_config.json",
+               config | specials | {"model_max_length": max_tokens})
 
 
 # --- Resolving and downloading models and data ----------------------------------------------------
@@ -1347,9 +1344,8 @@ KNOWN_MODELS = {  # name -> the files we read (what each repository holds: tests
 _SIZES = ("bert-base-uncased", "bert-large-uncased", "roberta-base", "roberta-large")
 RELEASED = {  # the papers' released models -> their test vector, eval's default --pooler [SimCSE
     # simcse/tool.py: "unsup" in the name -> cls_before_pooler, else cls; DiffCSE README's commands
-    # and tool.py since f724b2c (its issue #2): cls_before_pooler]. DiffCSE's file is the whole
-    # training model: of it only bert.* (roberta.*) is read; its discriminator, generator, lm_head,
-    # mlp (the BN projector) and electra_head are not used (one line says so when it loads)
+    # and tool.py since f724b2c (its issue #2): cls_before_pooler]. DiffCSE's file is its whole
+    # training model, of which only the encoder, bert.* (roberta.*), is read (note_unused)
     **{f"princeton-nlp/unsup-simcse-{size}": "cls_before_pooler" for size in _SIZES},
     **{f"princeton-nlp/sup-simcse-{size}": "cls" for size in _SIZES},
     **{f"voidism/diffcse-{size}-{task}": "cls_before_pooler"
@@ -1489,11 +1485,9 @@ def hub_answer(url):
     return where, size, sha256 if re.fullmatch(r"[0-9a-f]{64}", sha256) else None
 
 
-def download(url, dest, expected_sha256=None, flag=None):
-    """url -> dest with a progress line, resuming a .part file, checking the size and SHA-256 the
-    hub states (or expected_sha256). One writer at a time: the folder's lock, the others wait and
-    use the finished file. A failed download leaves no empty folder; a cut one keeps its .part,
-    and the same command resumes it; a .part that cannot become the file is deleted."""
+def download(url, dest, flag=None):
+    """url -> dest through a .part file (fetch_checked). One writer at a time: the folder's lock,
+    the others wait and use the finished file. A failed download leaves no empty folder."""
     dest = Path(dest)
     part = Path(f"{dest}.part")
     created = [p for p in dest.parents if not p.exists()]  # removed again if left empty
@@ -1510,7 +1504,7 @@ def download(url, dest, expected_sha256=None, flag=None):
         for p in (dest, part):
             if os.path.lexists(p) and path_problem(p):  # a folder, a link loop: never written
                 raise UserError(f"{p} {path_problem(p)}: move it away, then run again")
-        fetch_checked(url, part, expected_sha256, flag)
+        fetch_checked(url, part, flag)
         os.replace(part, dest)
     finally:
         release_lock(lock)
@@ -1520,10 +1514,10 @@ def download(url, dest, expected_sha256=None, flag=None):
     return dest
 
 
-def fetch_checked(url, part, expected_sha256, flag):
+def fetch_checked(url, part, flag):
     """The hub's answer, then the bytes into part (resumed where they stopped), then the checks:
-    its size always, its SHA-256 where stated. Cut: the .part kept; more bytes than the stated
-    size or the wrong SHA-256: deleted (no rerun could make it right)."""
+    the size and SHA-256 the hub states. Cut: the .part kept (the same command resumes it); more
+    bytes than the stated size or the wrong SHA-256: deleted (no rerun could make it right)."""
     total = None  # the size the hub states, once asked
     try:
         where, total, sha256 = hub_answer(url)
@@ -1560,7 +1554,7 @@ def fetch_checked(url, part, expected_sha256, flag):
         raise UserError(f"download of {url} was cut at {size} of {total or '?'} bytes "
                         f"({str(e)[:60] or type(e).__name__}); run the same command again to "
                         f"resume") from None
-    if (expected_sha256 or sha256) and sha256_file(part) != (expected_sha256 or sha256):
+    if sha256 and sha256_file(part) != sha256:
         part.unlink()
         raise UserError(f"download of {url} is corrupt (SHA-256 mismatch); deleted it, run again")
 
