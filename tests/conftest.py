@@ -64,9 +64,9 @@ def fingerprint(folder):
 @pytest.fixture(scope="session")
 def tiny_world(tmp_path_factory):
     """tiny_world.make_world, built once a session: a 2-layer BERT with BERT's pooler and MLM head
-    (as bert-base-uncased and every released checkpoint [issue 57]), DiffCSE's generator, 48 training sentences and a SentEval folder. Read-only: the mapping cannot be changed,
-    and the files must end as they were built (a test that changes one works on a copy in its
-    tmp_path)."""
+    (as bert-base-uncased and every released checkpoint [issue 57]), DiffCSE's generator, 48
+    training sentences and a SentEval folder. Read-only: the mapping cannot be changed, and the
+    files must end as they were built (a test that changes one works on a copy in its tmp_path)."""
     root = tmp_path_factory.mktemp("tiny-world")
     paths = make_world(root, pooler=True, mlm_head=True)
     built = fingerprint(root)

@@ -143,13 +143,15 @@ def test_a_body_that_exits_or_interrupts_fails_in_one_line(tree, body, says):
 def test_an_endless_loop_ends_check_and_its_child_in_one_line(tree, limit, sig, code, says):
     """At the time limit, on Ctrl-C, on SIGTERM: check ends the child that runs the loop."""
     assert exercise.LIMIT >= 4 * 70  # attention's pass: 70 s on two cores under five other jobs
-    answer(started(tree, "dcl"), "open('looping', 'w').close()", "while True:", "    pass")
+    answer(started(tree, "dcl"), f"open({str(tree / 'looping')!r}, 'w').close()", "while True:",
+           "    pass")
     cmd = [sys.executable, "tests/tools/exercise.py", "check", "dcl", "--timeout", limit]
     check = subprocess.Popen(cmd, cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, start_new_session=True)
     deadline = time.time() + 60
     while sig and not (tree / "looping").exists() and time.time() < deadline:
         time.sleep(0.1)  # until the oracle tests' child is in the loop
+    assert not sig or (tree / "looping").exists(), "the body never ran: the signal would come early"
     if sig == signal.SIGINT:
         os.killpg(check.pid, sig)
     elif sig:

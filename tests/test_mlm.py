@@ -12,7 +12,7 @@ import common
 import simcse_min
 from ddp_world import no_dropout_bert
 from conftest import cos, one_line
-from tiny_world import sentence, tokenizer
+from tiny_world import make_model, sentence, tokenizer
 
 TOK = tokenizer()
 SPECIALS = (TOK.pad_id, TOK.unk_id, TOK.cls_id, TOK.sep_id, TOK.mask_id)
@@ -130,7 +130,8 @@ class ZeroLogits:
 def test_a_checkpoint_without_an_mlm_head_is_one_line(world, tmp_path, capsys):
     """--do_mlm on a model folder without BERT's MLM head (cls.predictions.*): exit 2, one line
     naming the head and the flag, nothing left behind."""
-    args = ["--model", world["model"], "--data", world["data"], "--senteval", world["senteval"],
+    plain = str(make_model(tmp_path / "plain", pooler=True))  # the tiny world's has the head
+    args = ["--model", plain, "--data", world["data"], "--senteval", world["senteval"],
             "--do_mlm", "--out_dir", str(tmp_path / "run"), "--device", "cpu"]
     err = one_line(capsys, common.parse_args(simcse_min.Config, args), simcse_min.train)
     assert "no masked-LM head" in err and "--do_mlm" in err, err
