@@ -124,14 +124,13 @@ def test_start_says_where_ours_can_still_be_seen(tree):
     assert "simcsepp_min.py, diffcse_min.py hold their own info_nce" in out, out
 
 
-@pytest.mark.parametrize("body, says", [("import sys; sys.exit(0)", "raised SystemExit"),
+@pytest.mark.parametrize("stop, says", [("import sys; sys.exit(0)", "raised SystemExit"),
                                         ("raise KeyboardInterrupt", "raised KeyboardInterrupt"),
-                                        ("import os; os._exit(0)", "ended the process"),
-                                        # on the oracle tests' inputs, not on the probe's
-                                        ("if len(h1) < 6: raise KeyboardInterrupt\nreturn h1.sum()",
-                                         "raised KeyboardInterrupt in the oracle tests")])
-def test_a_body_that_exits_or_interrupts_fails_in_one_line(tree, body, says):
-    answer(started(tree, "dcl"), *body.split("\n"))
+                                        ("import os; os._exit(0)", "ended the process")])
+@pytest.mark.parametrize("when", ["always", "on the oracle tests' inputs, not on the probe's"])
+def test_a_body_that_exits_or_interrupts_fails_in_one_line(tree, stop, says, when):
+    answer(started(tree, "dcl"), *([stop] if when == "always" else
+                                   [f"if len(h1) < 6: {stop}", "return h1.sum()"]))
     code, out = exercise.tool(tree, "check", "dcl")
     assert code == 1 and one_line(out) and out.startswith("FAIL dcl") and says in out, out
 

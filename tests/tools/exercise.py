@@ -407,13 +407,21 @@ def run_tests(ex, limit):
     return child(cmd, limit)
 
 
-def interrupted(done):
-    """Where yours raised KeyboardInterrupt in the oracle tests (' (simcsepp_min.py line 133)'; ''
-    where pytest does not say), or None when it did not: pytest then stops, exit status 2."""
-    if done.returncode != 2 or not re.search(r"^!+ KeyboardInterrupt !+$", done.stdout, re.M):
-        return None
-    at = re.search(r"^(.+):(\d+): KeyboardInterrupt$", done.stdout, re.M)
-    return f" ({Path(at[1]).name} line {at[2]})" if at else ""
+def stopped_in_tests(done):
+    """How yours stopped the oracle tests, with where ('raised SystemExit (simcsepp_min.py line
+    132)'), or None when they ran through: a KeyboardInterrupt stops pytest (exit status 2 and its
+    banner), a SystemExit fails its test, an exit ends pytest before its summary line."""
+    at, lines = "", done.stdout.splitlines()
+    for line in lines:
+        if found := re.match(r"(\S+\.py):(\d+): (in \w|KeyboardInterrupt$)", line):
+            at = f" ({Path(found[1]).name} line {found[2]})"
+        if re.match(r"E\s+SystemExit\b", line):
+            return f"raised SystemExit in the oracle tests{at}"
+    if done.returncode == 2 and re.search(r"^!+ KeyboardInterrupt !+$", done.stdout, re.M):
+        return f"raised KeyboardInterrupt in the oracle tests{at}"
+    if not re.search(r"\d+ (passed|failed|errors?)\b|no tests ran", (lines or [""])[-1]):
+        return f"ended the process in the oracle tests (exit code {done.returncode})"
+    return None
 
 
 def passed(done):
@@ -566,10 +574,10 @@ def check(ex, limit=LIMIT):
         print(f"PASS {ex.name}: its oracle tests ({done.stdout.strip().splitlines()[-1]}), in "
               f"{time.time() - begin:.0f} s. `git diff {ex.file}` shows yours against ours.")
         return True
-    where = interrupted(done)
-    if where is not None:
-        print(f"FAIL {ex.name}: yours raised KeyboardInterrupt in the oracle tests{where}: a "
-              f"function returns its value, it never interrupts nor exits")
+    how = stopped_in_tests(done)
+    if how is not None:
+        print(f"FAIL {ex.name}: yours {how}: a function returns its value, it never interrupts "
+              f"nor exits")
         return False
     verdict = run_match(ex, limit)
     print(late if verdict is None else why_it_failed(ex, done, verdict))
