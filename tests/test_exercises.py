@@ -138,16 +138,19 @@ def test_one_exercise_end_to_end_through_the_oracle_tests(tree):
         assert not listed.strip(), listed
 
 
-def test_start_into_a_pipe_its_reader_closed_ends_quietly(tree):
-    """`start dcl | head -n 1`: head is gone before the rest is written. As common.main_guard
-    does: no traceback, exit 1, and the exercise started all the same. Python's default buffering:
-    the error comes at the last flush."""
+@pytest.mark.parametrize("unbuffered", ["", "1"])
+def test_start_into_a_pipe_its_reader_closed_ends_quietly(tree, unbuffered):
+    """`start momentum | head -n 1`: head is gone before the rest is written. As common.main_guard
+    does: no traceback, exit 1, and the exercise started all the same, both its functions. With
+    Python's default buffering the error comes at the last flush; unbuffered, at the first
+    print."""
     read_end, write_end = os.pipe()
     os.close(read_end)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
-    done = subprocess.run([sys.executable, "tests/tools/exercise.py", "start", "dcl"], cwd=tree,
-                          stdout=write_end, stderr=subprocess.PIPE, text=True, env=env)
+    env = {**os.environ, "PYTHONUNBUFFERED": unbuffered}
+    done = subprocess.run([sys.executable, "tests/tools/exercise.py", "start", "momentum"],
+                          cwd=tree, stdout=write_end, stderr=subprocess.PIPE, text=True, env=env)
     os.close(write_end)
-    started = exercise.store("simcsepp_min.py", "dcl_loss", tree).is_file()
-    assert cli(tree, "reset", "dcl")[0] == 0
-    assert done.returncode == 1 and not done.stderr and started, done.stderr
+    started = [exercise.store("esimcse_min.py", q, tree).is_file()
+               for q in exercise.BY_NAME["momentum"].functions]
+    assert cli(tree, "reset", "momentum")[0] == 0
+    assert done.returncode == 1 and not done.stderr and all(started), (done.stderr, started)

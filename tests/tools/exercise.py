@@ -323,10 +323,11 @@ def start(ex):
     if error:
         sys.exit(f"error: {error}: start needs the file to parse (`git diff {ex.file}` shows "
                  f"your edits)")
+    said = []  # printed once every function is blanked: a reader gone (`| head`) stops nothing
     for qualname in ex.functions:
         kept = store(ex.file, qualname)
         if kept.is_file():
-            print(f"{ex.file}: {qualname} is already yours (`reset` to start it over)")
+            said.append(f"{ex.file}: {qualname} is already yours (`reset` to start it over)")
             continue
         if span(text, qualname) is None:
             sys.exit(f"error: no {qualname} in {ex.file}: `git checkout {ex.file}` puts ours back")
@@ -336,7 +337,9 @@ def start(ex):
         write(kept, text)
         text = blanked(text, qualname, ex.name)
         write(path, text)
-        print(f"{ex.file}: {qualname} blanked; its docstring and comments are the specification")
+        said.append(f"{ex.file}: {qualname} blanked; its docstring and comments are the "
+                    f"specification")
+    print("\n".join(said))
     shown = [f for f in SIBLINGS if f != ex.file
              and any(span(read(ROOT / f), q) for q in ex.functions)]
     siblings = f", and {', '.join(shown)} hold their own {', '.join(ex.functions)}" if shown else ""

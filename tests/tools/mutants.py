@@ -1234,4 +1234,9 @@ MUTANTS = [
            "Bert.from_pretrained(name).to(device)",
            "encode and search with a released checkpoint open with a line on its MLM head",
            [UM + "test_using_a_model_names_a_training_models_parts_not_its_pretraining_heads"]),
+    Mutant("exercise-start-half-done", X,
+           '        said.append(f"{ex.file}: {qualname} blanked; its docstring and comments',
+           '        print(f"{ex.file}: {qualname} blanked; its docstring and comments',
+           "`start momentum | head -n 1` stops after the first of its two functions",
+           ["test_exercises.py::test_start_into_a_pipe_its_reader_closed_ends_quietly"]),
 ]
