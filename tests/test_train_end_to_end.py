@@ -59,7 +59,7 @@ def test_cli_errors_are_one_line(method, world, tmp_path):
             str(tmp_path / "o")]
     cases = [(["--data", str(tmp_path / "missing.txt"), "--device", "cpu"], "does not exist")]
     if not torch.cuda.is_available():
-        cases.append((["--data", world["data"], "--device", "cuda"], "no CUDA device"))
+        cases.append((["--data", world["data"], "--device", "cuda"], "sees no such device"))
     (tmp_path / "empty.txt").write_text("\n \n")
     cases.append((["--data", str(tmp_path / "empty.txt"), "--device", "cpu"], "holds no sentences"))
     # the checks are shared: once is enough
