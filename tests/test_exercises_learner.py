@@ -127,10 +127,11 @@ def test_start_says_where_ours_can_still_be_seen(tree):
 @pytest.mark.parametrize("stop, says", [("import sys; sys.exit(0)", "raised SystemExit"),
                                         ("raise KeyboardInterrupt", "raised KeyboardInterrupt"),
                                         ("import os; os._exit(0)", "ended the process")])
-@pytest.mark.parametrize("when", ["always", "on the oracle tests' inputs, not on the probe's"])
-def test_a_body_that_exits_or_interrupts_fails_in_one_line(tree, stop, says, when):
-    answer(started(tree, "dcl"), *([stop] if when == "always" else
-                                   [f"if len(h1) < 6: {stop}", "return h1.sum()"]))
+@pytest.mark.parametrize("rows", ["< 6", "== 6"])  # the oracle tests' inputs (4, 64), the probe's
+def test_a_body_that_exits_or_interrupts_fails_in_one_line(tree, stop, says, rows):
+    """On the oracle tests' inputs alone (a body that always stops takes this path too), or on the
+    probe's alone, after the oracle tests ran through."""
+    answer(started(tree, "dcl"), f"if len(h1) {rows}: {stop}", "return h1.sum()")
     code, out = exercise.tool(tree, "check", "dcl")
     assert code == 1 and one_line(out) and out.startswith("FAIL dcl") and says in out, out
 
