@@ -6,7 +6,7 @@ Config on the tiny world).
 A test that needs the real data is skipped with a reason when its variable is not set, except in
 CI (SIMCSE_REQUIRE_DATA=1), where a missing path is an error, so nothing is silently skipped there.
 """
-import contextlib
+import atexit
 import importlib
 import os
 import socket
@@ -18,8 +18,20 @@ import pytest
 
 import shutil
 import tempfile
+import torch
 
-os.environ["SIMCSE_CACHE"] = tempfile.mkdtemp(prefix="simcse-test-cache-")  # never the user's cache
+# One temporary folder holds all a session writes: the cache (never the user's) and pytest's own
+# folders (pytest_configure); it goes at exit. A pytest that a test starts (exercise.py check)
+# makes its folder inside this one, so a child that is killed leaves nothing once the session ends.
+_outer = Path(os.environ.get("SIMCSE_CACHE", "")).parent
+TEMP = Path(tempfile.mkdtemp(prefix="simcse-tests-",
+                             dir=_outer if _outer.name.startswith("simcse-tests-") else None))
+atexit.register(shutil.rmtree, TEMP, True)
+os.environ["SIMCSE_CACHE"] = str(TEMP / "cache")
+(TEMP / "cache").mkdir()
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `-n auto`: the workers share the cores, one thread
+    os.environ["OMP_NUM_THREADS"] = "1"  # each, the commands they start too [docs/testing.md]
+    torch.set_num_threads(1)
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.environ["SIMCSE_CACHE"],
                                                               "inductor"))
 ROOT = Path(__file__).resolve().parent.parent
@@ -226,15 +238,9 @@ def away_from_the_checkout(tmp_path_factory):
     os.chdir(before)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def no_temporary_folders_left(tmp_path_factory):
-    """The suite leaves nothing in the temporary folder: its cache and pytest's own folders go at
-    the end."""
-    yield
-    shutil.rmtree(os.environ["SIMCSE_CACHE"], ignore_errors=True)
-    base = tmp_path_factory.getbasetemp()
-    shutil.rmtree(base, ignore_errors=True)
-    for link in base.parent.glob("pytest-*current"):
-        link.unlink()
-    with contextlib.suppress(OSError):
-        base.parent.rmdir()  # pytest-of-<user>, once empty
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    """pytest's folders (tmp_path) inside TEMP, not /tmp/pytest-of-<user>; pytest-xdist gives its
+    workers theirs inside the one set here."""
+    if config.option.basetemp is None:
+        config.option.basetemp = str(TEMP / "pytest")

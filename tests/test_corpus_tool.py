@@ -87,12 +87,16 @@ def test_a_trained_model_is_not_replaced_by_random_weights(model_dir, tmp_path, 
     (["--lines", "x"], "invalid int value"),
     (["--out", "FILE/inside.txt"], "is not a writable folder"),
 ])
-def test_a_mistake_with_make_corpus_is_one_line(args, says, tmp_path, capsys, monkeypatch):
+def test_a_mistake_with_make_corpus_is_one_line(args, says, tmp_path, capsys, monkeypatch,
+                                               wiki_path):
     (tmp_path / "four.txt").write_text("one two three four\n")
     (tmp_path / "file").write_text("x")
     names = {"FOUR": str(tmp_path / "four.txt"), "FILE": str(tmp_path / "file")}
     args = [names.get(a, a.replace("FILE", str(tmp_path / "file"))) for a in args]
-    refused(make_corpus, ["--out", str(tmp_path / "out.txt"), *args], capsys, monkeypatch, says)
+    # the head named, not its default beside the checkout: mutate.py runs this in a copy
+    head = [] if "--head" in args else ["--head", str(wiki_path)]
+    refused(make_corpus, ["--out", str(tmp_path / "out.txt"), *head, *args], capsys, monkeypatch,
+            says)
     assert not (tmp_path / "out.txt").exists()
 
 
