@@ -9,11 +9,13 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 import common
+import conftest
 import simcse_min
 from conftest import ROOT
 
@@ -106,3 +108,20 @@ def test_every_test_a_mutant_names_exists():
     for gone in ("test_gone.py", "test_flags.py::test_gone"):
         with pytest.raises(SystemExit, match=gone):
             check([Mutant("x", "common.py", "def upcast(x):", "", "", [gone])])
+
+
+def test_a_pytest_a_test_starts_and_kills_leaves_its_folders_in_the_sessions(tmp_path):
+    """A pytest that a test starts (exercise.py check does) and that ends mid-test, its teardown
+    never run: its cache and pytest's folders lie inside this session's conftest.TEMP, which goes
+    at exit, and none in the temporary folder itself (pytest's default, /tmp/pytest-of-<user>)."""
+    (tmp_path / "test_ended.py").write_text("import os\n\n\ndef test_ended(tmp_path):\n"
+                                            "    os._exit(0)\n")
+    top = Path(tempfile.gettempdir())
+    before = set(top.glob("pytest-of-*")), set(conftest.TEMP.iterdir())
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}  # conftest.py as a plugin, -p
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p",
+                    "no:cacheprovider", "test_ended.py"], cwd=tmp_path, env=env, timeout=120)
+    assert set(top.glob("pytest-of-*")) == before[0]
+    child = [p for p in conftest.TEMP.iterdir() if p not in before[1]]
+    assert [p.name[:13] for p in child] == ["simcse-tests-"], child
+    assert {p.name for p in child[0].iterdir()} == {"cache", "pytest"}

@@ -13,6 +13,7 @@ TRANSFER = ["test_transfer_parity.py"]
 EP, UM, RC = "test_encode_pairs.py::", "test_using_a_model.py::", "test_resume_checks.py::"
 X, XL = "tests/tools/exercise.py", "test_exercises_learner.py::"  # issue 62's tests, by name
 EK = "test_encode_killed.py::"  # encode's kills, where their tests are
+TS = "test_the_suite.py::"  # the suite's own folders
 T, K, SI = "test_corpus_tool.py::", "test_token_cache.py::", "test_summarize_inputs.py::"  # 63's
 
 MUTANTS = [
@@ -1239,4 +1240,14 @@ MUTANTS = [
            '        print(f"{ex.file}: {qualname} blanked; its docstring and comments',
            "`start momentum | head -n 1` stops after the first of its two functions",
            ["test_exercises.py::test_start_into_a_pipe_its_reader_closed_ends_quietly"]),
+    Mutant("test-folders-not-nested", "tests/conftest.py",
+           'dir=_outer if _outer.name.startswith("simcse-tests-") else None))',
+           "dir=None))",
+           "a pytest a test starts and kills leaves its folders in /tmp",
+           [TS + "test_a_pytest_a_test_starts_and_kills_leaves_its_folders_in_the_sessions"]),
+    Mutant("pytest-folders-in-tmp", "tests/conftest.py",
+           '        config.option.basetemp = str(TEMP / "pytest")',
+           "        pass",
+           "pytest's folders in /tmp/pytest-of-<user>, never removed",
+           [TS + "test_a_pytest_a_test_starts_and_kills_leaves_its_folders_in_the_sessions"]),
 ]
