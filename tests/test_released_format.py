@@ -8,6 +8,7 @@ The references in fixtures/pooler_ref.json come from transformers and sentence-t
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -120,6 +121,9 @@ def test_supervised_simcse_uses_its_mlp_at_dev_and_test_and_saves_it_as_the_pool
     saved = common.read_safetensors(out / "model.safetensors")
     assert torch.equal(common.read_safetensors(out / "2_Dense" / "model.safetensors")[
         "linear.weight"], saved["pooler.dense.weight"])  # sentence-transformers: the MLP too
+    # the MLP trained in BERT's pooler's place, not the checkpoint's pooler, which it never uses
+    start = common.read_safetensors(Path(world["model"]) / "model.safetensors")
+    assert not torch.equal(saved["pooler.dense.weight"], start["bert.pooler.dense.weight"])
 
 
 def test_unsupervised_simcse_tests_the_raw_cls_and_saves_its_mlp_as_the_pooler(world, tmp_path,

@@ -102,6 +102,8 @@ def test_the_testing_doc_names_every_test_file_once():
 def test_every_test_a_mutant_names_exists():
     """tests/tools/mutate.py refuses a mutant that names a test file or a test tests/ does not hold
     (pytest's "not found" fails, which the check would count as a kill); the list holds none."""
+    if os.environ.get("SIMCSE_MUTANT"):  # else every mutant the whole suite runs for is "killed"
+        pytest.skip("in mutate.py's copy the mutant's old text is gone; mutate.py checked the list")
     from mutants import MUTANTS, Mutant
     from mutate import check
     check(MUTANTS)

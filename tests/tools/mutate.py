@@ -101,9 +101,10 @@ def ignored(path, rules, is_folder):
     return False
 
 
-def pytest(tree, files, timeout):
+def pytest(tree, files, timeout, mutant):
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-rf", "-p", "no:cacheprovider", *files]
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    # SIMCSE_MUTANT: the copy lacks this mutant's old text by design (test_the_suite.py reads it)
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "SIMCSE_MUTANT": mutant}
     try:
         done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True,
                               timeout=timeout)
@@ -122,10 +123,10 @@ def run_mutant(m, timeout):
         copy_tree(tree)
         path = tree / m.file
         path.write_text(path.read_text().replace(m.old, m.new))
-        killed, last = pytest(tree, [f"tests/{t}" for t in m.tests], timeout)
+        killed, last = pytest(tree, [f"tests/{t}" for t in m.tests], timeout, m.name)
         where = ", ".join(m.tests)
         if not killed:
-            killed, last = pytest(tree, ["tests"], 4 * timeout)
+            killed, last = pytest(tree, ["tests"], 4 * timeout, m.name)
             where = "the whole suite"
     return m.name, killed, f"{where}: {last}", time.time() - start
 
