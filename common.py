@@ -2123,10 +2123,18 @@ def csv_rows(path, lines):
 
 
 def start_tokenizing(tok, max_len):
-    """A tokenizing worker's start: Ctrl-C is the parent's, SIGTERM ends it: no traceback each."""
+    """A tokenizing worker's start: Ctrl-C is the parent's, SIGTERM ends it: no traceback each.
+    Both were blocked while it forked (tokenize_rows); one sent since arrives now."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    mask_stops(signal.SIG_UNBLOCK)
     TOKENIZING.update(tok=tok, max_len=max_len)
+
+
+def mask_stops(how):
+    """Block or unblock Ctrl-C and SIGTERM in this thread (POSIX; elsewhere nothing)."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(how, {signal.SIGINT, signal.SIGTERM})
 
 
 def tokenize_chunk(rows):
@@ -2149,7 +2157,11 @@ def tokenize_rows(tok, rows, max_len, workers):
     before = signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: one line
     try:
         if workers > 1:
+            # blocked while the workers fork: one arriving then met a worker not yet started,
+            # with this process's handler, and printed its traceback
+            mask_stops(signal.SIG_BLOCK)
             with multiprocessing.Pool(workers, start_tokenizing, (tok, max_len)) as pool:
+                mask_stops(signal.SIG_UNBLOCK)  # one pending: raised here, the pool then ended
                 parts = []
                 while wave := list(itertools.islice(chunks, 2 * workers)):
                     parts += pool.map(tokenize_chunk, wave)
@@ -2157,6 +2169,7 @@ def tokenize_rows(tok, rows, max_len, workers):
             TOKENIZING.update(tok=tok, max_len=max_len)
             parts = list(map(tokenize_chunk, chunks))
     finally:
+        mask_stops(signal.SIG_UNBLOCK)
         signal.signal(signal.SIGTERM, before)
     flat, lengths, skipped = zip(*parts)
     return np.concatenate(flat), np.concatenate(lengths), sum(skipped)

@@ -1,7 +1,6 @@
 """Resumable training: a run killed at a random step (SIGKILL: nothing saved at the moment of death)
 or stopped by SIGTERM, then resumed with --resume, ends with exactly the weights and results.json of
-the same run uninterrupted (seeded, deterministic CPU). The oracle is that uninterrupted run; tiny
-BERT, 2 x 8 steps, checkpoints every 3 steps."""
+the same run uninterrupted, the oracle (seeded CPU); tiny BERT, 2 x 8 steps, save_every 3."""
 import importlib
 import json
 import os

@@ -37,7 +37,8 @@ def test_a_file_changed_while_read_is_cached_as_it_was_read(tmp_path, monkeypatc
 
 
 def test_sigterm_while_the_pool_tokenizes_is_one_line(tmp_path):
-    """The parent gets SIGTERM (`kill PID`) while its workers tokenize: exit as Ctrl-C does."""
+    """The parent gets SIGTERM (`kill PID`) while its workers tokenize, one of them not yet started:
+    exit as Ctrl-C does, and no worker's traceback (its signals wait till it has started)."""
     path = tmp_path / "data.txt"
     path.write_text("".join(f"sentence number {i} is here .\n" for i in range(400)))
     script = textwrap.dedent(f"""
@@ -55,11 +56,14 @@ def test_sigterm_while_the_pool_tokenizes_is_one_line(tmp_path):
                 time.sleep(1)  # the parent has gone on: this worker's result finds no reader
             return real(rows)
         common.tokenize_chunk = chunk_then_sigterm
+        forks = []  # the second worker lingers after its fork, before start_tokenizing
+        os.register_at_fork(after_in_parent=lambda: forks.append(1),
+                            after_in_child=lambda: time.sleep(2 * len(forks)))
         common.main_guard(common.tokenize_file, tokenizer(), {str(path)!r}, 32)
         print("not stopped")
         """)
     cache = tmp_path / "cache"
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=300, env={**common.os.environ, "SIMCSE_CACHE": str(cache)})
+                          timeout=120, env={**common.os.environ, "SIMCSE_CACHE": str(cache)})
     assert proc.returncode == 128 + signal.SIGINT and proc.stderr == "interrupted\n", proc.stderr
     assert not list(cache.glob("tokens/*"))  # no cache entry

@@ -1250,4 +1250,9 @@ MUTANTS = [
            "        pass",
            "pytest's folders in /tmp/pytest-of-<user>, never removed",
            [TS + "test_a_pytest_a_test_starts_and_kills_leaves_its_folders_in_the_sessions"]),
+    Mutant("pool-forks-unmasked", C,
+           "            mask_stops(signal.SIG_BLOCK)\n",
+           "",
+           "Ctrl-C or SIGTERM while the tokenizing pool forks: a worker not yet started prints a "
+           "traceback", [K + "test_sigterm_while_the_pool_tokenizes_is_one_line"]),
 ]
