@@ -87,14 +87,14 @@ def test_a_trained_model_is_not_replaced_by_random_weights(model_dir, tmp_path, 
     (["--lines", "x"], "invalid int value"),
     (["--out", "FILE/inside.txt"], "is not a writable folder"),
 ])
-def test_a_mistake_with_make_corpus_is_one_line(args, says, tmp_path, capsys, monkeypatch,
-                                               wiki_path):
+def test_a_mistake_with_make_corpus_is_one_line(args, says, tmp_path, capsys, monkeypatch):
     (tmp_path / "four.txt").write_text("one two three four\n")
     (tmp_path / "file").write_text("x")
+    # a head of 2,000 words, not the default beside the checkout: mutate.py runs this in a copy
+    (tmp_path / "head.txt").write_text(" ".join(f"w{i}" for i in range(2000)) + "\n")
     names = {"FOUR": str(tmp_path / "four.txt"), "FILE": str(tmp_path / "file")}
     args = [names.get(a, a.replace("FILE", str(tmp_path / "file"))) for a in args]
-    # the head named, not its default beside the checkout: mutate.py runs this in a copy
-    head = [] if "--head" in args else ["--head", str(wiki_path)]
+    head = [] if "--head" in args else ["--head", str(tmp_path / "head.txt")]
     refused(make_corpus, ["--out", str(tmp_path / "out.txt"), *head, *args], capsys, monkeypatch,
             says)
     assert not (tmp_path / "out.txt").exists()
