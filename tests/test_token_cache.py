@@ -2,6 +2,7 @@
 hash and the tokenizing read leaves no entry holding other tokens under the old bytes' key; SIGTERM
 while a pool of workers tokenizes stops the set-up as Ctrl-C does (one line, no worker traceback,
 no cache entry)."""
+import contextlib
 import hashlib
 import signal
 import subprocess
@@ -63,7 +64,13 @@ def test_sigterm_while_the_pool_tokenizes_is_one_line(tmp_path):
         print("not stopped")
         """)
     cache = tmp_path / "cache"
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120, env={**common.os.environ, "SIMCSE_CACHE": str(cache)})
-    assert proc.returncode == 128 + signal.SIGINT and proc.stderr == "interrupted\n", proc.stderr
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**common.os.environ, "SIMCSE_CACHE": str(cache)})
+    try:
+        stderr = proc.communicate(timeout=120)[1]
+    finally:  # a pool that never ends (the worker not yet started, unmasked): all of it goes
+        with contextlib.suppress(ProcessLookupError):  # the normal case: all ended already
+            common.os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGINT and stderr == "interrupted\n", stderr
     assert not list(cache.glob("tokens/*"))  # no cache entry
